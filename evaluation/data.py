@@ -1,0 +1,145 @@
+"""Spec-Bench questions: find the file, check it, read it, select a sample."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluation.errors import HarnessError
+from evaluation.paths import CACHE, SHARED
+
+SPEC_BENCH_URL = (
+    "https://raw.githubusercontent.com/hemingkx/Spec-Bench/"
+    "fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl")
+SPEC_BENCH_SHA256 = "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"
+CACHED = CACHE / "spec_bench" / "question.jsonl"
+SHARED_COPY = SHARED / "spec_bench" / "question.jsonl"
+
+# Spec-Bench reports the 8 MT-Bench categories together as one task.
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def task_of(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: int
+    category: str
+    turns: tuple[str, ...]
+
+    @property
+    def task(self) -> str:
+        return task_of(self.category)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fetch_spec_bench() -> Path:
+    """The pinned question file in the project cache: copied from ../shared when present, else downloaded."""
+    if CACHED.exists():
+        return CACHED
+    CACHED.parent.mkdir(parents=True, exist_ok=True)
+    tmp = CACHED.with_suffix(".tmp")
+    if SHARED_COPY.exists():
+        shutil.copyfile(SHARED_COPY, tmp)
+    else:
+        try:
+            with urllib.request.urlopen(SPEC_BENCH_URL, timeout=60) as r:
+                tmp.write_bytes(r.read())
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise HarnessError(
+                f"Spec-Bench questions are not cached and the download failed ({e}); put question.jsonl "
+                f"at {CACHED} (its address: {SPEC_BENCH_URL}) or pass bench.path=FILE") from None
+    if sha256(tmp) != SPEC_BENCH_SHA256:
+        tmp.unlink()
+        raise HarnessError(f"the Spec-Bench file fetched for {CACHED} has the wrong sha256; expected {SPEC_BENCH_SHA256}")
+    tmp.replace(CACHED)
+    return CACHED
+
+
+def read_questions(path: Path) -> list[Question]:
+    """Parse a question file; a malformed line is reported with its file and line number."""
+    if not path.is_file():
+        raise HarnessError(f"question file {path} does not exist; pass bench.path=FILE or drop it to use Spec-Bench")
+    questions, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{where}: not valid JSON ({e.msg}); each line must be one question object") from None
+            if not isinstance(obj, dict):
+                raise HarnessError(f"{where}: expected a JSON object with question_id, category and turns")
+            qid, cat, turns = obj.get("question_id"), obj.get("category"), obj.get("turns")
+            if not isinstance(qid, int) or isinstance(qid, bool):
+                raise HarnessError(f"{where}: 'question_id' must be an integer")
+            if not isinstance(cat, str) or not cat:
+                raise HarnessError(f"{where}: 'category' must be a non-empty string")
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise HarnessError(f"{where}: 'turns' must be a non-empty list of strings")
+            if qid in seen:
+                raise HarnessError(f"{where}: question_id {qid} appears twice")
+            seen.add(qid)
+            questions.append(Question(qid, cat, tuple(turns)))
+    if not questions:
+        raise HarnessError(f"question file {path} holds no questions")
+    return questions
+
+
+def select(questions: list[Question], categories=None, question_ids=None, limit_per_category=None) -> list[Question]:
+    """Pick a sample, keeping file order.
+
+    ``categories`` may name tasks (``mt_bench``) or categories (``writing``).
+    ``limit_per_category`` keeps N questions per Spec-Bench task; inside ``mt_bench``
+    they are taken round-robin over its 8 categories, so that a small sample still
+    covers every kind of question (N=10: one of each, then writing and roleplay).
+    """
+    if categories:
+        wanted = set(categories)
+        known = {q.category for q in questions} | {q.task for q in questions}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise HarnessError(f"unknown bench.categories {unknown}; known: {', '.join(sorted(known))}")
+        questions = [q for q in questions if q.category in wanted or q.task in wanted]
+    if question_ids:
+        ids = set(int(i) for i in question_ids)
+        missing = sorted(ids - {q.question_id for q in questions})
+        if missing:
+            raise HarnessError(f"bench.question_ids {missing} are not in the selected questions")
+        questions = [q for q in questions if q.question_id in ids]
+    if limit_per_category is not None:
+        if limit_per_category < 1:
+            raise HarnessError(f"bench.limit_per_category must be at least 1, got {limit_per_category}")
+        keep = set()
+        by_task: dict[str, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
+        for q in questions:
+            by_task[q.task][q.category].append(q)
+        for cats in by_task.values():
+            queues, taken, rnd = list(cats.values()), 0, 0
+            while taken < limit_per_category and any(rnd < len(qs) for qs in queues):
+                for qs in queues:
+                    if rnd < len(qs) and taken < limit_per_category:
+                        keep.add(qs[rnd].question_id)
+                        taken += 1
+                rnd += 1
+        questions = [q for q in questions if q.question_id in keep]
+    if not questions:
+        raise HarnessError("the bench selection is empty; check bench.categories and bench.question_ids")
+    return questions
+
+
+def load_bench(path: str | None, **selection) -> list[Question]:
+    return select(read_questions(Path(path).expanduser() if path else fetch_spec_bench()), **selection)

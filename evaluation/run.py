@@ -1,0 +1,218 @@
+"""Decode Spec-Bench questions with one method and one model, and write an answer file.
+
+    python -m evaluation.run method=vanilla model=smollm2-135m bench=spec_bench_smoke
+
+The run folder (``hydra.run.dir``, by default named after the overrides) gets
+``answers.jsonl`` (one whole line per finished question, Spec-Bench's format
+plus token ids and timings), ``config.yaml`` and ``summary.json``. Running the
+same command again resumes: finished questions are skipped.
+"""
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import fields
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, write_json_atomic
+from evaluation.data import Question, load_bench
+from evaluation.errors import HarnessError, exit_on_error
+from evaluation.models import ModelSpec, load_model, max_context, resolve_device, stop_token_ids
+from evaluation.paths import ROOT
+from evaluation.prompts import check_template, prompt_ids
+from methods.base import build_proposer
+from methods.decode import generate
+
+STATE = "proposer_state.pt"
+
+
+def model_spec(cfg: DictConfig) -> ModelSpec:
+    raw = OmegaConf.to_container(cfg.model, resolve=True)
+    known = {f.name for f in fields(ModelSpec)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise HarnessError(f"unknown model config keys {unknown}; known: {', '.join(sorted(known))}")
+    return ModelSpec(**raw)
+
+
+def method_params(cfg: DictConfig) -> tuple[str, dict]:
+    params = OmegaConf.to_container(cfg.method, resolve=True)
+    return params.pop("name"), params
+
+
+def environment(device: torch.device, dtype: torch.dtype) -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return ""
+
+    import fastchat
+    import transformers
+
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "fschat": fastchat.__version__,
+        "hydra": hydra.__version__,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "host": platform.node(),
+    }
+
+
+class Runner:
+    """Holds the loaded model and proposer; answers one question at a time."""
+
+    def __init__(self, cfg: DictConfig):
+        self.spec = model_spec(cfg)
+        self.max_new_tokens = int(cfg.bench.max_new_tokens)
+        if self.max_new_tokens < 1:
+            raise HarnessError(f"bench.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        self.method, params = method_params(cfg)
+        device = resolve_device(self.spec.device)
+        self.model, self.tok, self.device = load_model(self.spec)
+        check_template(self.spec.template, self.tok)
+        self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size, device=device)
+        self.stop_ids = stop_token_ids(self.model, self.tok)
+        self.context = max_context(self.model, self.spec)
+
+    def answer(self, q: Question) -> dict:
+        answers, turns = [], []
+        for i in range(len(q.turns)):
+            ids = prompt_ids(self.spec.template, self.tok, list(q.turns[: i + 1]), answers)
+            room = self.context - len(ids)
+            if room < 1:
+                raise HarnessError(
+                    f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
+                    f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
+                    f"raise model.max_context if the model allows it")
+            gen = generate(self.model, self.proposer, ids,
+                           max_new_tokens=min(self.max_new_tokens, room), stop_ids=self.stop_ids)
+            text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
+            answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
+            turns.append(gen)
+        return {
+            "question_id": q.question_id,
+            "category": q.category,
+            "answer_id": uuid.uuid4().hex,
+            "model_id": self.spec.name,
+            "method": self.method,
+            "choices": [{
+                "index": 0,
+                "turns": answers,
+                "decoding_steps": [len(g.accept_lengths) for g in turns],
+                "new_tokens": [len(g.token_ids) for g in turns],
+                "wall_time": [g.wall_time for g in turns],
+                "accept_lengths": [a for g in turns for a in g.accept_lengths],
+                "token_ids": [g.token_ids for g in turns],
+                "prefill_time": [g.prefill_time for g in turns],
+                "decode_time": [g.decode_time for g in turns],
+                "stop": [g.stop for g in turns],
+            }],
+            "tstamp": time.time(),
+        }
+
+
+def _comparable(cfg: dict) -> dict:
+    """The parts of a run's config that decide its output; a resumed run must match them."""
+    return {k: cfg[k] for k in ("model", "method", "bench", "warmup")}
+
+
+def run(cfg: DictConfig, out: Path) -> Path:
+    if int(cfg.warmup) < 0:
+        raise HarnessError(f"warmup must be 0 or more, got {cfg.warmup}")
+    b = cfg.bench
+    questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
+                           limit_per_category=b.limit_per_category)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    config_file = out / "config.yaml"
+    if config_file.exists():
+        before = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+        if _comparable(before) != _comparable(resolved):
+            raise HarnessError(
+                f"{out} holds a run with a different configuration ({config_file}); "
+                f"choose another folder with hydra.run.dir=DIR, or delete it to start over")
+    runner = Runner(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, config_file, resolve=True)
+    writer = AnswerWriter(out / ANSWERS)
+    todo = [q for q in questions if q.question_id not in writer.done]
+    state_file = out / STATE
+    summary = {
+        "status": "running",
+        "model": runner.spec.name,
+        "method": runner.method,
+        "bench": b.name,
+        "questions": len(questions),
+        "config": resolved,
+        "environment": environment(runner.device, next(runner.model.parameters()).dtype),
+        "method_state": runner.proposer.summary(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(out / SUMMARY, summary)
+
+    resumed = bool(writer.done) and state_file.exists()
+    if resumed:
+        runner.proposer.load_state_dict(torch.load(state_file, map_location=runner.device))
+    elif todo:
+        # Spec-Bench warms up on the first question; resumed runs restore the proposer state instead.
+        for _ in range(int(cfg.warmup)):
+            runner.answer(questions[0])
+
+    from tqdm import tqdm
+
+    tokens = seconds = steps = 0
+    bar = tqdm(todo, desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
+               file=sys.stdout, dynamic_ncols=True)
+    for q in bar:
+        rec = runner.answer(q)
+        state = runner.proposer.state_dict()
+        if state:
+            torch.save(state, state_file.with_suffix(".tmp"))
+            state_file.with_suffix(".tmp").replace(state_file)
+        writer.append(rec)
+        c = rec["choices"][0]
+        tokens += sum(c["new_tokens"])
+        seconds += sum(c["wall_time"])
+        steps += len(c["accept_lengths"])
+        bar.set_postfix(q=q.question_id, tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
+    summary.update(status="finished", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   answered=len(writer.done), method_state=runner.proposer.summary())
+    write_json_atomic(out / SUMMARY, summary)
+    print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
+    return out
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@exit_on_error
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    existed_before = out.exists() and any(out.iterdir())
+    try:
+        run(cfg, out)
+    except BaseException:
+        # Hydra made the folder before we could check the input: leave nothing behind for a run that never started.
+        if not existed_before and out.exists() and not (out / ANSWERS).exists():
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The one decode loop every method runs.
+
+Token counting, the same for every method: the prefill forward yields the first
+new token and counts as a step of accept length 1; every later step commits its
+accepted drafts plus the bonus token. Generation ends after the first stop token
+(which is kept in ``token_ids`` and counted) or when ``max_new_tokens`` are
+reached; tokens past either end are dropped from the step that produced them.
+So ``sum(accept_lengths) == len(token_ids)`` and ``len(accept_lengths)`` is the
+number of target forwards, for every method.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from methods import kv
+from methods.base import Proposer
+from methods.verify import verify
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # new tokens, the stop token included when one was produced
+    accept_lengths: list[int]  # tokens committed by each target forward, prefill first
+    prefill_time: float  # seconds
+    decode_time: float  # seconds, after the prefill
+    stop: str  # "eos" or "length"
+
+    @property
+    def wall_time(self) -> float:
+        return self.prefill_time + self.decode_time
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int]) -> Generation:
+    device = model.device
+    n_prompt = len(prompt_ids)
+    ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
+    ids[:n_prompt] = torch.tensor(prompt_ids)
+    cache = kv.new_cache(model)
+    new: list[int] = []
+    accept_lengths: list[int] = []
+
+    def commit(tokens: list[int]) -> bool:
+        """Append a step's tokens, cut at the first stop token or the budget; True when generation ends."""
+        tokens = tokens[: max_new_tokens - len(new)]
+        stop = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        if stop is not None:
+            tokens = tokens[: stop + 1]
+        ids[n_prompt + len(new): n_prompt + len(new) + len(tokens)] = torch.tensor(tokens)
+        new.extend(tokens)
+        accept_lengths.append(len(tokens))
+        return stop is not None or len(new) >= max_new_tokens
+
+    _sync(device)
+    t0 = time.perf_counter()
+    # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
+    proposer.reset(ids[:n_prompt])
+    out = model(input_ids=ids[None, :n_prompt], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    done = commit([int(out.logits[0, -1].argmax())])
+    _sync(device)
+    t1 = time.perf_counter()
+    while not done:
+        # 2. Propose a draft tree rooted at the newest token (not yet in the cache).
+        draft = proposer.propose(ids[: n_prompt + len(new)])
+        # 3. Verify it in one forward; the cache keeps the accepted path only.
+        result = verify(model, cache, draft)
+        # 4. Let the proposer learn from every node's logits.
+        proposer.update(draft, result)
+        # 5. Commit accepted drafts and the bonus token.
+        done = commit(result.new_tokens)
+    _sync(device)
+    t2 = time.perf_counter()
+    return Generation(new, accept_lengths, t1 - t0, t2 - t1, "eos" if new[-1] in stop_ids else "length")

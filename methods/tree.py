@@ -1,0 +1,120 @@
+"""Draft trees as data.
+
+A tree is a parent array in breadth-first order: node 0 is the root (the newest
+committed token, not yet in the KV cache) and ``parents[i] < i`` for every other
+node. Everything the verifier needs (depth, ancestor mask, leaf paths) is derived
+once per topology and cached, so proposers that reuse a static template pay for it
+once per process.
+
+Worked example, the tree::
+
+        0            parents = (-1, 0, 0, 1)
+       / \\          depth   = [0, 1, 1, 2]
+      1   2          leaves  = [2, 3]   paths: [0, 2], [0, 1, 3]
+      |
+      3              ancestors(3) = {0, 1, 3}   (a node is its own ancestor)
+
+Node ``i`` is forwarded at position ``L + depth[i]`` (``L`` = committed length) and
+attends to the committed prefix plus its own ancestors, which is exactly the
+causal context of the path it lies on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+
+class TreeError(ValueError):
+    """A parent array that does not describe a breadth-first tree."""
+
+
+@dataclass(frozen=True, eq=False)
+class Tree:
+    parents: tuple[int, ...]
+    depth: torch.Tensor = field(repr=False)  # [n] long
+    ancestors: torch.Tensor = field(repr=False)  # [n, n] bool, ancestors[i, j]: j is on the root->i path
+    parent_index: torch.Tensor = field(repr=False)  # [n] long, parents with the root pointing at itself
+    is_chain: bool = field(repr=False)  # parents == (-1, 0, 1, ..., n-2): plain causal attention suffices
+    paths: tuple[tuple[int, ...], ...] = field(repr=False)  # paths[i]: node indices root..i, host-side
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth[-1])  # BFS order: the last node is among the deepest
+
+    def leaf_paths(self) -> list[list[int]]:
+        """Root-to-leaf node paths, leaves in BFS order."""
+        has_child = set(p for p in self.parents[1:])
+        return [self.path_to(i) for i in range(self.size) if i not in has_child]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node``."""
+        return list(self.paths[node])
+
+    def children_counts(self) -> list[int]:
+        counts = [0] * self.size
+        for p in self.parents[1:]:
+            counts[p] += 1
+        return counts
+
+    def to(self, device: torch.device | str) -> "Tree":
+        return _tree_on(self.parents, str(device))
+
+    @staticmethod
+    def from_parents(parents) -> "Tree":
+        return _tree_on(tuple(int(p) for p in parents), "cpu")
+
+    @staticmethod
+    def chain(n: int) -> "Tree":
+        """A root followed by ``n - 1`` drafts, each the child of the previous one."""
+        return Tree.from_parents((-1, *range(n - 1)))
+
+    @staticmethod
+    def from_children_counts(counts: list[int]) -> "Tree":
+        """Build a tree from per-node child counts given in BFS order (the form paper templates use).
+
+        >>> Tree.from_children_counts([2, 1, 0, 0]).parents
+        (-1, 0, 0, 1)
+        """
+        parents = [-1]
+        for node, c in enumerate(counts):
+            if node >= len(parents):
+                raise TreeError(f"children counts list node {node}, but only {len(parents)} nodes exist by then")
+            parents.extend([node] * int(c))
+        if len(parents) != len(counts):
+            raise TreeError(f"children counts describe {len(parents)} nodes but list {len(counts)}")
+        return Tree.from_parents(parents)
+
+
+def _validate(parents: tuple[int, ...]) -> None:
+    if not parents or parents[0] != -1:
+        raise TreeError("a tree needs a root: parents[0] must be -1")
+    for i, p in enumerate(parents[1:], start=1):
+        if not 0 <= p < i:
+            raise TreeError(f"node {i} has parent {p}; a breadth-first parent array needs 0 <= parent < node")
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents[1:], start=1):
+        depth[i] = depth[p] + 1
+        if depth[i] < depth[i - 1] or (depth[i] == depth[i - 1] and p < parents[i - 1]):
+            raise TreeError(f"node {i} breaks breadth-first order (depth {depth[i]} after {depth[i - 1]})")
+
+
+@lru_cache(maxsize=256)
+def _tree_on(parents: tuple[int, ...], device: str) -> Tree:
+    _validate(parents)
+    n = len(parents)
+    paths: list[tuple[int, ...]] = [(0,)]
+    for i in range(1, n):
+        paths.append(paths[parents[i]] + (i,))
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i, path in enumerate(paths):
+        anc[i, list(path)] = True
+    depth = torch.tensor([len(p) - 1 for p in paths])
+    parent_index = torch.tensor((0, *parents[1:]))
+    is_chain = parents == tuple(range(-1, n - 1))
+    return Tree(parents, depth.to(device), anc.to(device), parent_index.to(device), is_chain, tuple(paths))

@@ -1,0 +1,24 @@
+"""Greedy decoding: the root-only tree, through the same verifier as every other method."""
+from __future__ import annotations
+
+import torch
+
+from methods.base import ConfigError, Draft, Proposer, register
+from methods.tree import Tree
+
+
+@register
+class Vanilla(Proposer):
+    name = "vanilla"
+
+    def __init__(self, device: torch.device):
+        self.tree = Tree.chain(1).to(device)
+
+    @classmethod
+    def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "Vanilla":
+        if params:
+            raise ConfigError(f"method 'vanilla' takes no parameters, got: {', '.join(params)}")
+        return cls(device)
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        return Draft(context[-1:], self.tree)

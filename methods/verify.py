@@ -1,0 +1,69 @@
+"""The one verifier: forward a draft tree through the stock model, accept the longest greedy path.
+
+The tree goes through an unmodified Hugging Face model: tree position ids and an
+explicit 4-D additive attention mask (each node sees the committed prefix and its
+own ancestors). Chains need neither, so vanilla steps and PLD chains take the
+model's ordinary causal path.
+"""
+from __future__ import annotations
+
+import torch
+
+from methods import kv
+from methods.base import Draft, Verification
+from methods.tree import Tree
+
+
+def tree_mask(tree: Tree, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, n, past + n] additive mask: 0 where a node may attend, the dtype's minimum elsewhere."""
+    n = tree.size
+    mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tree.ancestors.device)
+    mask[0, 0, :, past:].masked_fill_(~tree.ancestors, torch.finfo(dtype).min)
+    return mask
+
+
+def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree) -> torch.Tensor:
+    """Index of the deepest node whose whole path the target agrees with (a 0-d tensor, no host sync).
+
+    A draft is correct when it equals its parent's greedy next token; a node is
+    acceptable when every node on its path is correct. Among the deepest acceptable
+    nodes the first in BFS order wins (the lowest ranks, for rank-ordered trees).
+
+    >>> t = Tree.from_parents((-1, 0, 0, 1))        # 0 -> {1, 2}, 1 -> 3
+    >>> int(accept(torch.tensor([5, 7, 6, 9]), torch.tensor([6, 9, 4, 2]), t))
+    2
+    """
+    correct = tokens == argmax[tree.parent_index]
+    correct[0] = True
+    ok = ~(tree.ancestors & ~correct).any(dim=1)
+    return torch.where(ok, tree.depth, -1).argmax()
+
+
+@torch.inference_mode()
+def verify(model, cache, draft: Draft) -> Verification:
+    """Forward ``draft`` after the cached prefix, accept, and leave only the accepted path in the cache."""
+    tree, past = draft.tree, kv.length(cache)
+    ids = draft.tokens.view(1, -1)
+    if tree.is_chain:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    else:
+        out = model(
+            input_ids=ids,
+            past_key_values=cache,
+            use_cache=True,
+            position_ids=(tree.depth + past).view(1, -1),
+            attention_mask=tree_mask(tree, past, out_dtype(model)),
+        )
+    logits = out.logits[0]  # [n, vocab]
+    argmax = logits.argmax(dim=-1)  # [n]
+    best = accept(draft.tokens, argmax, tree)
+    # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
+    host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()
+    best, bonus, tokens = host[0], host[1], host[2:]
+    path = tree.path_to(best)
+    kv.commit(cache, past, path)
+    return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax)
+
+
+def out_dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype

@@ -1,0 +1,17 @@
+"""Prepare what runs need offline: the embedded model (converted once) and the Spec-Bench questions.
+
+    python -m scripts.prepare
+"""
+from evaluation.data import fetch_spec_bench
+from evaluation.errors import exit_on_error
+from evaluation.models import prepare_embedded
+
+
+@exit_on_error
+def main() -> None:
+    print(f"embedded model: {prepare_embedded()}")
+    print(f"spec-bench questions: {fetch_spec_bench()}")
+
+
+if __name__ == "__main__":
+    main()
