@@ -1,0 +1,80 @@
+"""Speed report: per Spec-Bench task, mean accepted tokens, tokens/s and speedup against a baseline.
+
+    python -m evaluation.speed RUN [RUN ...] --baseline BASELINE_RUN [--out DIR]
+
+RUN and BASELINE_RUN are run folders or answer files. Questions are paired by id.
+Prints a markdown table and saves speed.csv and speed.md (default: beside the
+first RUN). Definitions live in evaluation.metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.answers import answer_file, read_answers
+from evaluation.errors import HarnessError, exit_on_error
+from evaluation.metrics import task_table
+
+COLUMNS = {
+    "questions": "questions", "mat": "MAT", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
+    "speedup": "speedup", "mean_q_tok_per_s": "mean per-question tokens/s",
+    "speedup_specbench": "speedup (Spec-Bench)",
+}
+
+
+def label(records: list[dict], path: str) -> str:
+    methods = {r.get("method") for r in records}
+    return methods.pop() if len(methods) == 1 and None not in methods else Path(path).stem
+
+
+def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
+    base = read_answers(baseline) if baseline else None
+    tables = []
+    for path in runs:
+        recs = read_answers(path)
+        if base is not None:
+            mine, theirs = {r.get("model_id") for r in recs}, {r.get("model_id") for r in base}
+            if mine != theirs:
+                raise HarnessError(f"{path} answers with model(s) {sorted(map(str, mine))} but the baseline with "
+                                   f"{sorted(map(str, theirs))}; give a baseline run of the same model")
+            if not {r["question_id"] for r in recs} & {r["question_id"] for r in base}:
+                raise HarnessError(f"{path} and the baseline answer no question in common")
+        t = task_table(recs, base).reset_index()
+        t.insert(0, "method", label(recs, path))
+        tables.append(t)
+    return pd.concat(tables, ignore_index=True).rename(columns=COLUMNS)
+
+
+@exit_on_error
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", help="run folders or answer files")
+    ap.add_argument("--baseline", help="run folder or answer file of the baseline (vanilla)")
+    ap.add_argument("--out", help="folder for speed.csv and speed.md (default: beside the first run)")
+    args = ap.parse_args(argv)
+    table = speed_table(args.runs, args.baseline)
+    out = Path(args.out) if args.out else answer_file(args.runs[0]).parent
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown(table)
+    table.to_csv(out / "speed.csv", index=False)
+    (out / "speed.md").write_text(md + "\n")
+    print(md)
+    print(f"-> {out / 'speed.csv'}, {out / 'speed.md'}")
+    return 0
+
+
+def markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """A GitHub markdown table (pandas' own needs the tabulate package)."""
+    def cell(v):
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+    rows = [list(map(str, df.columns)), ["---"] * len(df.columns)]
+    rows += [[cell(v) for v in r] for r in df.itertuples(index=False)]
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""End to end on the embedded model through the real command lines."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from evaluation.answers import read_answers
+from evaluation.equal import compare
+from evaluation.paths import ROOT
+from evaluation.prompts import prompt_ids
+
+QIDS = [81, 161, 241, 321, 401]  # 81: two turns (writing); then translation, summarization, qa, math
+MAX_NEW = 24
+
+
+def cli(*args, check=True, **kw):
+    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def run_args(out, *extra):
+    return ("evaluation.run", f"hydra.run.dir={out}", "warmup=0", "runtime.progress=false",
+            f"bench.question_ids=[{','.join(map(str, QIDS))}]", f"bench.max_new_tokens={MAX_NEW}", *extra)
+
+
+@pytest.fixture(scope="module")
+def vanilla_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "vanilla"
+    cli(*run_args(out))
+    return out
+
+
+def test_answer_file_format(vanilla_run):
+    recs = read_answers(vanilla_run)
+    assert [r["question_id"] for r in recs] == QIDS
+    for r in recs:
+        c = r["choices"][0]
+        n_turns = 2 if r["question_id"] == 81 else 1
+        assert len(c["turns"]) == len(c["new_tokens"]) == len(c["wall_time"]) == len(c["token_ids"]) == n_turns
+        assert sum(c["new_tokens"]) == sum(c["accept_lengths"]) == sum(map(len, c["token_ids"]))
+        assert c["decoding_steps"] == c["new_tokens"]  # vanilla: one token per forward
+        assert all(t > 0 for t in c["wall_time"])
+        assert r["model_id"] == "smollm2-135m" and r["method"] == "vanilla"
+    summary = json.loads((vanilla_run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["answered"] == len(QIDS)
+    assert summary["environment"]["transformers"] and summary["config"]["method"]["name"] == "vanilla"
+
+
+def test_vanilla_equals_model_generate(vanilla_run, embedded):
+    """Engine tokens == HF generate(do_sample=False) on Spec-Bench prompts, turn 2 built on turn 1's answer."""
+    model, tok, spec = embedded
+    from evaluation.data import load_bench
+
+    questions = {q.question_id: q for q in load_bench(None, question_ids=QIDS)}
+    for rec in read_answers(vanilla_run):
+        q, c = questions[rec["question_id"]], rec["choices"][0]
+        for turn in range(len(q.turns)):
+            ids = prompt_ids(spec.template, tok, list(q.turns[: turn + 1]), c["turns"][:turn])
+            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False)
+            assert out[0, len(ids):].tolist() == c["token_ids"][turn], (q.question_id, turn)
+
+
+def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path):
+    out = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-m", *run_args(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    answers = out / "answers.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (answers.exists() and answers.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done_before = answers.read_text().count("\n")
+    assert 2 <= done_before < len(QIDS)
+    with open(answers, "a") as f:  # a line cut short by the kill
+        f.write('{"question_id": 999, "choi')
+    cli(*run_args(out))
+    recs = read_answers(out)
+    assert sorted(r["question_id"] for r in recs) == QIDS
+    same, total, mismatches, unit = compare(read_answers(vanilla_run), recs)
+    assert unit == "token" and not mismatches and same == total == len(QIDS) + 1
+
+
+def test_rerun_of_a_finished_run_does_nothing(vanilla_run):
+    before = (vanilla_run / "answers.jsonl").read_text()
+    p = cli(*run_args(vanilla_run))
+    assert "5/5 questions answered" in p.stdout
+    assert (vanilla_run / "answers.jsonl").read_text() == before
+
+
+def test_resume_refuses_a_different_config(vanilla_run):
+    p = cli(*run_args(vanilla_run, "bench.max_new_tokens=7"), check=False)
+    assert p.returncode == 2 and "different configuration" in p.stderr
+
+
+def test_equal_checker_reports_first_difference(vanilla_run, tmp_path):
+    recs = read_answers(vanilla_run)
+    recs[1]["choices"][0]["token_ids"][0][5] += 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    ok = cli("evaluation.equal", str(vanilla_run), str(vanilla_run))
+    assert "identical turns (tokens): 6/6 (100.0%)" in ok.stdout and "EQUAL" in ok.stdout
+    p = cli("evaluation.equal", str(vanilla_run), str(bad), check=False)
+    assert p.returncode == 1
+    assert "identical turns (tokens): 5/6 (83.3%)" in p.stdout
+    first = recs[1]["choices"][0]["token_ids"][0][5]
+    assert f"question {QIDS[1]} turn 1: first difference at position 5: {first - 1} vs {first}" in p.stdout
+
+
+def test_speed_report_against_itself(vanilla_run, tmp_path):
+    p = cli("evaluation.speed", str(vanilla_run), "--baseline", str(vanilla_run), "--out", str(tmp_path))
+    assert "| vanilla | overall | 5 | 1.000 |" in p.stdout
+    assert (tmp_path / "speed.csv").exists() and (tmp_path / "speed.md").exists()
+
+
+def _bad(tmp_path, *args):
+    out = tmp_path / "run"
+    p = cli("evaluation.run", f"hydra.run.dir={out}", "warmup=0", "runtime.progress=false", *args, check=False)
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr + p.stdout
+    assert not out.exists() or not any(out.iterdir()), "a failed run left files behind"
+    return p.stderr + p.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["method=trr"], "Could not find 'method/trr'"),
+    (["model=gpt5"], "Could not find 'model/gpt5'"),
+    (["bench=nope"], "Could not find 'bench/nope'"),
+    (["model.checkpoint=/nonexistent/vicuna"], "'/nonexistent/vicuna' is neither a local folder nor a hub id"),
+    (["bench.path=/nonexistent/q.jsonl"], "question file /nonexistent/q.jsonl does not exist"),
+    (["bench.max_new_tokens=0"], "bench.max_new_tokens must be at least 1"),
+    (["warmup=-1"], "warmup must be 0 or more"),
+    (["bench.limit_per_category=0"], "bench.limit_per_category must be at least 1"),
+    (["bench.question_ids=[81]", "model.max_context=20"], "question 81 turn 1: the prompt has"),
+    (["model.device=cuda:0"] if not torch.cuda.is_available() else ["model.dtype=float8"],
+     "CUDA is not available" if not torch.cuda.is_available() else "unknown model.dtype"),
+])
+def test_bad_input_gets_one_clear_message(tmp_path, args, message):
+    assert message in _bad(tmp_path, *args)
+
+
+def test_unknown_name_lists_known_options(tmp_path):
+    text = _bad(tmp_path, "method=trr")
+    assert "vanilla" in text  # Hydra lists the available options
+    text = _bad(tmp_path, "model=gpt5")
+    assert "smollm2-135m" in text and "vicuna-7b" in text
+
+
+def test_malformed_question_line(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n{oops\n")
+    assert f"{q}:2: not valid JSON" in _bad(tmp_path, f"bench.path={q}")
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n', "missing 'choices'"),
+    ('{"question_id": 1, "choices": [{"turns": ["x"]}]}\n', "lacks decoding_steps"),
+    ("not json\n", "not valid JSON"),
+])
+def test_checker_and_report_refuse_wrong_format(tmp_path, vanilla_run, content, message):
+    f = tmp_path / "wrong.jsonl"
+    f.write_text(content)
+    for args in (("evaluation.equal", str(vanilla_run), str(f)), ("evaluation.speed", str(f))):
+        p = cli(*args, check=False)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_checker_missing_file(tmp_path):
+    p = cli("evaluation.equal", str(tmp_path / "a"), str(tmp_path / "b"), check=False)
+    assert p.returncode == 2 and "no answer file at" in p.stderr

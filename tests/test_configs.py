@@ -1,0 +1,61 @@
+"""Every config composes, and every model config describes a loadable ModelSpec."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from evaluation.models import ModelSpec
+from evaluation.paths import ROOT
+from methods.base import known_methods
+
+CONF = ROOT / "conf"
+
+
+def names(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_method_configs_match_the_registry():
+    assert names("method") == known_methods()
+    for name in names("method"):
+        assert OmegaConf.load(CONF / "method" / f"{name}.yaml").name == name
+
+
+@pytest.mark.parametrize("model", names("model"))
+def test_model_configs(model):
+    cfg = _compose(f"model={model}")
+    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True))
+    assert spec.name == model
+    assert spec.device == "auto" and spec.dtype == "auto"
+
+
+@pytest.mark.parametrize("bench", names("bench"))
+def test_bench_configs(bench):
+    cfg = _compose(f"bench={bench}")
+    assert cfg.bench.name == bench and cfg.bench.max_new_tokens >= 1
+
+
+def test_defaults():
+    cfg = _compose()
+    assert (cfg.model.name, cfg.method.name, cfg.bench.name) == ("smollm2-135m", "vanilla", "spec_bench_smoke")
+    assert _compose("bench=spec_bench").bench.max_new_tokens == 1024  # Spec-Bench's default
+    vicuna = _compose("model=vicuna-7b").model
+    assert vicuna.template == "vicuna_v1.1" and vicuna.checkpoint == "lmsys/vicuna-7b-v1.3"
+
+
+def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_path):
+    from evaluation import data
+    from evaluation.errors import HarnessError
+
+    monkeypatch.setattr(data, "CACHED", tmp_path / "cache" / "question.jsonl")
+    monkeypatch.setattr(data, "SHARED_COPY", tmp_path / "no-shared" / "question.jsonl")
+    monkeypatch.setattr(data, "SPEC_BENCH_URL", "http://127.0.0.1:9/question.jsonl")  # nothing listens there
+    with pytest.raises(HarnessError, match=rf"put question.jsonl at {tmp_path}.*bench.path=FILE"):
+        data.fetch_spec_bench()
+    assert not list((tmp_path / "cache").glob("*")), "no partial file left behind"
