@@ -9,4 +9,4 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("HARNESS_CACHE", ROOT / "data" / "cache"))
 RESULTS = ROOT / "results"
 # The shared folder beside the project root on development and CI machines.
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("HARNESS_SHARED", ROOT.parent / "shared"))

@@ -100,7 +100,7 @@ class Runner:
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
             gen = generate(self.model, self.proposer, ids,
-                           max_new_tokens=min(self.max_new_tokens, room), stop_ids=self.stop_ids)
+                           max_new_tokens=min(self.max_new_tokens, room), stop_ids=self.stop_ids, turn=i)
             text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
             answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
             turns.append(gen)

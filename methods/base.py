@@ -35,17 +35,20 @@ class Verification:
 class Proposer:
     """Interface every method implements.
 
-    * ``reset(prompt_ids)`` at the start of every request (every turn of a question);
-      methods that keep state across requests (Token Recycling's hot start) decide
-      here what to keep.
+    * ``reset(prompt_ids, turn, prompt_logits)`` after the prefill of every request
+      (``turn`` counts from 0 within a question); methods that keep state across
+      requests (Token Recycling's hot start) decide here what to keep.
+      ``prompt_logits`` ([prompt_len, vocab]) is given only to methods that set
+      ``wants_prompt_logits``: the other prefills compute the last position only.
     * ``propose(context)``: ``context`` is the committed sequence, prompt included,
       whose last element is the root. Returns a ``Draft``.
     * ``update(draft, result)``: learn from the verification of that draft.
     """
 
     name: ClassVar[str]
+    wants_prompt_logits: ClassVar[bool] = False
 
-    def reset(self, prompt_ids: torch.Tensor) -> None:
+    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None) -> None:
         pass
 
     def propose(self, context: torch.Tensor) -> Draft:

@@ -39,7 +39,8 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int]) -> Generation:
+def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
+             turn: int = 0) -> Generation:
     device = model.device
     n_prompt = len(prompt_ids)
     ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
@@ -62,8 +63,9 @@ def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens
     _sync(device)
     t0 = time.perf_counter()
     # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
-    proposer.reset(ids[:n_prompt])
-    out = model(input_ids=ids[None, :n_prompt], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    full = proposer.wants_prompt_logits
+    out = model(input_ids=ids[None, :n_prompt], past_key_values=cache, use_cache=True, logits_to_keep=0 if full else 1)
+    proposer.reset(ids[:n_prompt], turn, out.logits[0] if full else None)
     done = commit([int(out.logits[0, -1].argmax())])
     _sync(device)
     t1 = time.perf_counter()

@@ -20,10 +20,14 @@ causal context of the path it lies on.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import torch
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "trees"
 
 
 class TreeError(ValueError):
@@ -36,6 +40,7 @@ class Tree:
     depth: torch.Tensor = field(repr=False)  # [n] long
     ancestors: torch.Tensor = field(repr=False)  # [n, n] bool, ancestors[i, j]: j is on the root->i path
     parent_index: torch.Tensor = field(repr=False)  # [n] long, parents with the root pointing at itself
+    rank: torch.Tensor = field(repr=False)  # [n] long, index among siblings (root: 0)
     is_chain: bool = field(repr=False)  # parents == (-1, 0, 1, ..., n-2): plain causal attention suffices
     paths: tuple[tuple[int, ...], ...] = field(repr=False)  # paths[i]: node indices root..i, host-side
 
@@ -77,8 +82,9 @@ class Tree:
     @staticmethod
     def from_children_counts(counts: list[int]) -> "Tree":
         """Build a tree from per-node child counts given in BFS order (the form paper templates use).
+        Trailing zeros (the last leaves) may be left out.
 
-        >>> Tree.from_children_counts([2, 1, 0, 0]).parents
+        >>> Tree.from_children_counts([2, 1]).parents
         (-1, 0, 0, 1)
         """
         parents = [-1]
@@ -86,7 +92,7 @@ class Tree:
             if node >= len(parents):
                 raise TreeError(f"children counts list node {node}, but only {len(parents)} nodes exist by then")
             parents.extend([node] * int(c))
-        if len(parents) != len(counts):
+        if len(parents) < len(counts):
             raise TreeError(f"children counts describe {len(parents)} nodes but list {len(counts)}")
         return Tree.from_parents(parents)
 
@@ -116,5 +122,29 @@ def _tree_on(parents: tuple[int, ...], device: str) -> Tree:
         anc[i, list(path)] = True
     depth = torch.tensor([len(p) - 1 for p in paths])
     parent_index = torch.tensor((0, *parents[1:]))
+    rank = [0] * n
+    for i in range(2, n):
+        rank[i] = rank[i - 1] + 1 if parents[i] == parents[i - 1] else 0
     is_chain = parents == tuple(range(-1, n - 1))
-    return Tree(parents, depth.to(device), anc.to(device), parent_index.to(device), is_chain, tuple(paths))
+    return Tree(parents, depth.to(device), anc.to(device), parent_index.to(device), torch.tensor(rank).to(device), is_chain, tuple(paths))
+
+
+def load_template(name_or_path: str) -> Tree:
+    """A static tree from ``data/trees/NAME.json`` or a JSON file path.
+
+    The file holds ``"children"``: per-node child counts level by level (a list of
+    lists, breadth-first), or ``"parents"``: a parent array.
+    """
+    path = Path(name_or_path).expanduser()
+    if not path.suffix:
+        path = TEMPLATES / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in TEMPLATES.glob("*.json")))
+        raise TreeError(f"no tree template '{name_or_path}'; known: {known}, or a path to a .json file")
+    try:
+        spec = json.loads(path.read_text())
+        if "parents" in spec:
+            return Tree.from_parents(spec["parents"])
+        return Tree.from_children_counts([c for level in spec["children"] for c in level])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise TreeError(f"tree template {path} is malformed ({e}); it needs 'children' (levels) or 'parents'") from None

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from methods.tree import Tree, TreeError
+from methods.tree import Tree, TreeError, load_template
 
 
 def test_derivations_worked_example():
@@ -58,7 +58,28 @@ def test_invalid_trees_are_refused(parents, message):
 
 def test_children_counts_that_do_not_add_up():
     with pytest.raises(TreeError):
-        Tree.from_children_counts([2, 0])
+        Tree.from_children_counts([1, 0, 0])  # 2 nodes, 3 counts
+    with pytest.raises(TreeError):
+        Tree.from_children_counts([0, 1])  # node 1 never exists
+
+
+def test_ranks():
+    t = Tree.from_children_counts([3, 2, 1])
+    assert t.rank.tolist() == [0, 0, 1, 2, 0, 1, 0]
+
+
+def test_paper_template():
+    t = load_template("paper")
+    assert t.size == 81 and t.max_depth == 6
+    per_depth = torch.bincount(t.depth).tolist()
+    assert per_depth == [1, 8, 21, 25, 15, 8, 3]
+    assert len(t.leaf_paths()) == 40
+    assert max(t.children_counts()) == 8
+
+
+def test_unknown_template_lists_known():
+    with pytest.raises(TreeError, match="no tree template 'papr'; known: .*paper"):
+        load_template("papr")
 
 
 def test_to_device_keeps_topology():

@@ -1,0 +1,155 @@
+"""Token Recycling (Luo et al., arXiv 2408.08696): draft from recycled top-K successors.
+
+State: an adjacency matrix ``M`` of shape ``[vocab, K]``; row ``t`` holds the K
+most likely successors of token ``t`` the last time the target verified a node
+holding ``t``. Each step:
+
+* **draft** by filling a static tree template breadth-first: the node reached
+  by rank path ``p + [r]`` gets ``M[token(p), r]``; one gather per depth;
+* the shared verifier checks the tree and accepts the longest greedy path;
+* **update** ``M[token(v)] = top-K(logits at v)`` for every verified node
+  ``v`` (root, accepted and rejected drafts) in one scatter. Where a token sits
+  at several nodes of one step the last node in breadth-first order wins.
+
+Worked example, K=2, tree (-1, 0, 0, 1) (root with ranks 0 and 1 below it, and
+rank 0 under the first child), root token 5, ``M[5] = [7, 3]``, ``M[7] = [9, 4]``::
+
+    depth 1: nodes 1, 2 <- M[5, 0], M[5, 1] = 7, 3
+    depth 2: node 3     <- M[7, 0]          = 9         draft tokens [5, 7, 3, 9]
+
+Start policies (``start``): ``hot`` (the paper: M carries over warm-up, turns
+and questions), ``cold`` (M zeroed at every question) and ``prompt`` (zeroed at
+every question, then every turn's prompt seeds the rows of its tokens from the
+prefill logits, in prompt order, later positions winning).
+"""
+from __future__ import annotations
+
+import torch
+
+from methods.base import ConfigError, Draft, Proposer, Verification, register
+from methods.tree import Tree, TreeError, load_template
+
+STARTS = ("hot", "cold", "prompt")
+
+
+def fit_tree(tree: Tree, k: int) -> Tree:
+    """The rule the K ablation uses to adapt a template to K columns.
+
+    K below the template's width: drop every node of rank >= K with its subtree.
+    K above it: every node that uses the template's full width (the paper tree's
+    root and its first node at depths 2 and 3) gets K children, the new ones leaves.
+    """
+    counts = tree.children_counts()
+    width = max(counts)
+    if k == width:
+        return tree
+    # Rebuild level by level (so the result is breadth-first): keep nodes of rank < k under kept parents.
+    parents, new_index, frontier = [-1], {0: 0}, [0]
+    while frontier:
+        nxt = []
+        for old in frontier:
+            kids = [i for i, p in enumerate(tree.parents) if p == old][:k]
+            for child in kids:
+                new_index[child] = len(parents)
+                parents.append(new_index[old])
+            extra = k - len(kids) if counts[old] == width and k > width else 0
+            parents.extend([new_index[old]] * extra)
+            nxt.extend(kids)
+        frontier = nxt
+    return Tree.from_parents(parents)
+
+
+@register
+class TokenRecycling(Proposer):
+    name = "tr"
+
+    def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device):
+        self.k, self.start, self.tree_name = k, start, tree_name
+        self.tree = tree.to(device)
+        self.wants_prompt_logits = start == "prompt"
+        # int16 holds ids below 32768 (Llama-2/Vicuna's 32000); larger vocabularies take int32.
+        dtype = torch.int16 if vocab_size <= torch.iinfo(torch.int16).max + 1 else torch.int32
+        self.M = torch.zeros(vocab_size, k, dtype=dtype, device=device)  # [vocab, K]
+        # Per depth: the slice of nodes it holds, their parents and ranks, for one gather each.
+        depth = tree.depth.tolist()
+        self.levels = []
+        for d in range(1, tree.max_depth + 1):
+            lo, hi = depth.index(d), len(depth) - depth[::-1].index(d)
+            self.levels.append((lo, hi, tree.parent_index[lo:hi].to(device), tree.rank[lo:hi].to(device)))
+        n = tree.size
+        idx = torch.arange(n, device=device)
+        self._later = idx[None, :] > idx[:, None]  # [n, n]: j comes after i in BFS order
+        self._idx = idx
+        self._buf = torch.zeros(n, dtype=torch.long, device=device)
+
+    @classmethod
+    def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "TokenRecycling":
+        params = dict(params)
+        k = params.pop("k", 8)
+        tree_name = params.pop("tree", "paper")
+        start = params.pop("start", "hot")
+        fit = params.pop("fit_tree_to_k", False)
+        if params:
+            raise ConfigError(f"method 'tr' has no parameter(s) {', '.join(sorted(params))}; "
+                              f"known: k, tree, start, fit_tree_to_k")
+        if not isinstance(k, int) or not 1 <= k <= min(vocab_size, 1024):
+            raise ConfigError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
+        if start not in STARTS:
+            raise ConfigError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")
+        tree = load_template(str(tree_name))
+        if fit:
+            tree = fit_tree(tree, k)
+        need = int(tree.rank.max()) + 1
+        if need > k:
+            raise TreeError(f"tree '{tree_name}' uses ranks up to {need - 1}, which needs method.k >= {need} "
+                            f"(got {k}); raise method.k, or set method.fit_tree_to_k=true to clip the tree")
+        if tree.size < 2:
+            raise TreeError(f"tree '{tree_name}' has no draft nodes; TR needs at least one")
+        return cls(vocab_size, k, tree, str(tree_name), start, device)
+
+    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None) -> None:
+        if self.start != "hot" and turn == 0:
+            self.M.zero_()
+        if prompt_logits is not None:
+            self._write(prompt_ids, prompt_logits)
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        tokens = self._buf
+        tokens[0] = context[-1]
+        for lo, hi, parent, rank in self.levels:
+            tokens[lo:hi] = self.M[tokens[parent], rank]
+        return Draft(tokens.clone(), self.tree)
+
+    def update(self, draft: Draft, result: Verification) -> None:
+        self._write(draft.tokens, result.logits)
+
+    def _write(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """``M[tokens[i]] = top-K(logits[i])`` for all i; duplicates: the last i wins.
+
+        Every occurrence of a token is given the row of its last occurrence, so the
+        scatter writes identical rows for duplicates and its order does not matter
+        (index_put_ leaves the order of duplicate writes unspecified).
+        """
+        top = logits.topk(self.k, dim=-1).indices.to(self.M.dtype)  # [n, K]
+        if len(tokens) == self.tree.size:
+            later, idx = self._later, self._idx
+        else:
+            idx = torch.arange(len(tokens), device=tokens.device)
+            later = idx[None, :] > idx[:, None]
+        same = tokens[:, None] == tokens[None, :]
+        last = torch.where(same & later, idx[None, :], idx[:, None]).amax(dim=1)
+        self.M[tokens] = top[last]
+
+    def state_dict(self) -> dict:
+        return {"M": self.M}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.M.copy_(state["M"])
+
+    def summary(self) -> dict:
+        return {
+            "k": self.k, "tree": self.tree_name, "tree_nodes": self.tree.size, "tree_depth": self.tree.max_depth,
+            "start": self.start, "adjacency_shape": list(self.M.shape), "adjacency_dtype": str(self.M.dtype),
+            "adjacency_bytes": self.M.numel() * self.M.element_size(),
+            "adjacency_rows_filled": int((self.M != 0).any(dim=1).sum()),
+        }
