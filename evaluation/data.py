@@ -99,13 +99,28 @@ def read_questions(path: Path) -> list[Question]:
     return questions
 
 
-def select(questions: list[Question], categories=None, question_ids=None, limit_per_category=None) -> list[Question]:
+def _stratified(questions: list[Question]) -> dict[str, list[Question]]:
+    """Per task, its questions round-robin over its categories (file order within each category)."""
+    by_task: dict[str, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
+    for q in questions:
+        by_task[q.task][q.category].append(q)
+    out = {}
+    for task, cats in by_task.items():
+        queues = list(cats.values())
+        out[task] = [qs[i] for i in range(max(map(len, queues))) for qs in queues if i < len(qs)]
+    return out
+
+
+def select(questions: list[Question], categories=None, question_ids=None, limit_per_category=None,
+           skip_per_category: int = 0) -> list[Question]:
     """Pick a sample, keeping file order.
 
     ``categories`` may name tasks (``mt_bench``) or categories (``writing``).
     ``limit_per_category`` keeps N questions per Spec-Bench task; inside ``mt_bench``
     they are taken round-robin over its 8 categories, so that a small sample still
     covers every kind of question (N=10: one of each, then writing and roleplay).
+    ``skip_per_category`` skips the first M of that order: ``skip=10, limit=10``
+    gives a second sample disjoint from the first (e.g. for calibration).
     """
     if categories:
         wanted = set(categories)
@@ -120,21 +135,13 @@ def select(questions: list[Question], categories=None, question_ids=None, limit_
         if missing:
             raise HarnessError(f"bench.question_ids {missing} are not in the selected questions")
         questions = [q for q in questions if q.question_id in ids]
-    if limit_per_category is not None:
-        if limit_per_category < 1:
+    if limit_per_category is not None or skip_per_category:
+        if limit_per_category is not None and limit_per_category < 1:
             raise HarnessError(f"bench.limit_per_category must be at least 1, got {limit_per_category}")
-        keep = set()
-        by_task: dict[str, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
-        for q in questions:
-            by_task[q.task][q.category].append(q)
-        for cats in by_task.values():
-            queues, taken, rnd = list(cats.values()), 0, 0
-            while taken < limit_per_category and any(rnd < len(qs) for qs in queues):
-                for qs in queues:
-                    if rnd < len(qs) and taken < limit_per_category:
-                        keep.add(qs[rnd].question_id)
-                        taken += 1
-                rnd += 1
+        if skip_per_category < 0:
+            raise HarnessError(f"bench.skip_per_category must be 0 or more, got {skip_per_category}")
+        stop = None if limit_per_category is None else skip_per_category + limit_per_category
+        keep = {q.question_id for order in _stratified(questions).values() for q in order[skip_per_category:stop]}
         questions = [q for q in questions if q.question_id in keep]
     if not questions:
         raise HarnessError("the bench selection is empty; check bench.categories and bench.question_ids")

@@ -136,7 +136,7 @@ def run(cfg: DictConfig, out: Path) -> Path:
         raise HarnessError(f"warmup must be 0 or more, got {cfg.warmup}")
     b = cfg.bench
     questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
-                           limit_per_category=b.limit_per_category)
+                           limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config_file = out / "config.yaml"
     if config_file.exists():

@@ -81,6 +81,8 @@ class TokenRecycling(Proposer):
         self._later = idx[None, :] > idx[:, None]  # [n, n]: j comes after i in BFS order
         self._idx = idx
         self._buf = torch.zeros(n, dtype=torch.long, device=device)
+        # How often each template node was on the accepted path (node 0: every step); calibrates trees.
+        self.node_accepts = torch.zeros(n, dtype=torch.long)
 
     @classmethod
     def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "TokenRecycling":
@@ -122,6 +124,7 @@ class TokenRecycling(Proposer):
 
     def update(self, draft: Draft, result: Verification) -> None:
         self._write(draft.tokens, result.logits)
+        self.node_accepts[result.path] += 1
 
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         """``M[tokens[i]] = top-K(logits[i])`` for all i; duplicates: the last i wins.
@@ -141,10 +144,11 @@ class TokenRecycling(Proposer):
         self.M[tokens] = top[last]
 
     def state_dict(self) -> dict:
-        return {"M": self.M}
+        return {"M": self.M, "node_accepts": self.node_accepts}
 
     def load_state_dict(self, state: dict) -> None:
         self.M.copy_(state["M"])
+        self.node_accepts.copy_(state["node_accepts"])
 
     def summary(self) -> dict:
         return {
@@ -152,4 +156,6 @@ class TokenRecycling(Proposer):
             "start": self.start, "adjacency_shape": list(self.M.shape), "adjacency_dtype": str(self.M.dtype),
             "adjacency_bytes": self.M.numel() * self.M.element_size(),
             "adjacency_rows_filled": int((self.M != 0).any(dim=1).sum()),
+            "tree_parents": list(self.tree.parents),
+            "node_accepts": self.node_accepts.tolist(),
         }

@@ -148,3 +148,41 @@ def load_template(name_or_path: str) -> Tree:
         return Tree.from_children_counts([c for level in spec["children"] for c in level])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise TreeError(f"tree template {path} is malformed ({e}); it needs 'children' (levels) or 'parents'") from None
+
+
+def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int) -> Tree:
+    """The draft tree of ``n_drafts`` nodes (depth <= ``max_depth``, ranks < ``k``) with the largest
+    expected accepted length, under a model where a node of rank ``r`` at depth ``d`` is correct
+    with probability ``accept[d-1][r]`` given that its parent is (rows past the table's end reuse its
+    last row). A node's value is the product along its path, which never grows with depth or rank,
+    so taking nodes greedily by value yields a tree: the sum of values (= expected accepted drafts)
+    is maximal for the node budget. Ties go to the shallower, lower-rank node.
+
+    >>> grow_tree([[0.6, 0.3], [0.5, 0.2]], n_drafts=3, max_depth=2, k=2).parents
+    (-1, 0, 0, 1)
+    """
+    import heapq
+
+    def p(depth: int, rank: int) -> float:
+        row = accept[min(depth, len(accept)) - 1]
+        return row[rank] if rank < len(row) else 0.0
+
+    # Candidates are (-value, depth, rank path); a node's first child and next sibling become candidates.
+    heap = [(-p(1, 0), 1, (0,))]
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < n_drafts:
+        neg, depth, path = heapq.heappop(heap)
+        chosen.append(path)
+        parent_value = -neg / p(depth, path[-1]) if p(depth, path[-1]) > 0 else 0.0
+        if path[-1] + 1 < k:
+            heapq.heappush(heap, (-parent_value * p(depth, path[-1] + 1), depth, path[:-1] + (path[-1] + 1,)))
+        if depth < max_depth:
+            heapq.heappush(heap, (neg * p(depth + 1, 0), depth + 1, path + (0,)))
+    # Breadth-first numbering: by depth, then by parent's number, then by rank (= path order).
+    chosen.sort(key=lambda path: (len(path), path))
+    index = {(): 0}
+    parents = [-1]
+    for path in chosen:
+        index[path] = len(parents)
+        parents.append(index[path[:-1]])
+    return Tree.from_parents(parents)

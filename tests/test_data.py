@@ -28,6 +28,14 @@ def test_stratified_sample(spec_bench):
     assert [q.question_id for q in sample] == sorted(q.question_id for q in sample)  # file order kept
 
 
+def test_disjoint_second_sample(spec_bench):
+    first = {q.question_id for q in select(spec_bench, limit_per_category=10)}
+    second = select(spec_bench, limit_per_category=10, skip_per_category=10)
+    assert len(second) == 60 and not first & {q.question_id for q in second}
+    with pytest.raises(HarnessError, match="skip_per_category must be 0 or more"):
+        select(spec_bench, skip_per_category=-1)
+
+
 def test_select_by_task_category_and_id(spec_bench):
     assert {q.category for q in select(spec_bench, categories=["qa", "rag"])} == {"qa", "rag"}
     assert len(select(spec_bench, categories=["writing"])) == 10
