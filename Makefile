@@ -20,14 +20,21 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	$(PY) -m scripts.prepare
 
+# The main job: vanilla and Token Recycling on the smoke sample, the equality check, the speed table.
+# Run folders are named by their configuration, so a second `make run` resumes (here: reuses) them.
+SMOKE := results/runs/spec_bench_smoke/smollm2-135m
 run: setup
-	$(PY) -m evaluation.run
+	$(PY) -m evaluation.run method=vanilla
+	$(PY) -m evaluation.run method=tr
+	$(PY) -m evaluation.equal $(SMOKE)/vanilla/default $(SMOKE)/tr/default
+	$(PY) -m evaluation.speed $(SMOKE)/tr/default --baseline $(SMOKE)/vanilla/default
 
 test: setup
 	$(PY) -m pytest -q
 
 bench: setup
 	$(PY) -m scripts.bench_engine
+	$(PY) -m scripts.bench_tr
 
 clean:
 	rm -rf $(VENV) data/cache

@@ -24,13 +24,15 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, write_json_atomic
 from evaluation.data import Question, load_bench
 from evaluation.errors import HarnessError, exit_on_error
-from evaluation.models import ModelSpec, load_model, max_context, resolve_device, stop_token_ids
+from evaluation.models import ModelSpec, load_model, max_context, stop_token_ids
 from evaluation.paths import ROOT
 from evaluation.prompts import check_template, prompt_ids
 from methods.base import build_proposer
-from methods.decode import generate
+from methods.decode import Generation, generate
 
 STATE = "proposer_state.pt"
+# A run without overrides goes to .../<method>/default, so that runs with overrides are its siblings.
+OmegaConf.register_new_resolver("or_default", lambda name: name or "default", replace=True)
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:
@@ -76,18 +78,23 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
 class Runner:
     """Holds the loaded model and proposer; answers one question at a time."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, loaded: tuple | None = None):
+        """``loaded``: a (model, tokenizer, device) already loaded for ``cfg.model``, to share between runners."""
         self.spec = model_spec(cfg)
         self.max_new_tokens = int(cfg.bench.max_new_tokens)
         if self.max_new_tokens < 1:
             raise HarnessError(f"bench.max_new_tokens must be at least 1, got {self.max_new_tokens}")
         self.method, params = method_params(cfg)
-        device = resolve_device(self.spec.device)
-        self.model, self.tok, self.device = load_model(self.spec)
+        self.model, self.tok, self.device = loaded or load_model(self.spec)
         check_template(self.spec.template, self.tok)
-        self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size, device=device)
+        self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size,
+                                       device=self.device)
         self.stop_ids = stop_token_ids(self.model, self.tok)
         self.context = max_context(self.model, self.spec)
+
+    def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
+        return generate(self.model, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
+                        turn=turn)
 
     def answer(self, q: Question) -> dict:
         answers, turns = [], []
@@ -99,8 +106,7 @@ class Runner:
                     f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
-            gen = generate(self.model, self.proposer, ids,
-                           max_new_tokens=min(self.max_new_tokens, room), stop_ids=self.stop_ids, turn=i)
+            gen = self.decode(ids, min(self.max_new_tokens, room), turn=i)
             text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
             answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
             turns.append(gen)

@@ -30,6 +30,7 @@ class Verification:
     new_tokens: list[int]  # tokens committed by this step: drafts on the path, then the bonus token
     logits: torch.Tensor  # [n, vocab] target logits at every node of the draft
     argmax: torch.Tensor  # [n] long, the target's greedy next token at every node
+    topk: torch.Tensor | None = None  # [n, proposer.topk] long, top tokens per node, for proposers that ask
 
 
 class Proposer:
@@ -47,6 +48,7 @@ class Proposer:
 
     name: ClassVar[str]
     wants_prompt_logits: ClassVar[bool] = False
+    topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None) -> None:
         pass

@@ -11,6 +11,8 @@ number of target forwards, for every method.
 from __future__ import annotations
 
 import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -38,9 +40,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class PhaseTimer:
+    """Seconds spent per phase of the loop (forward, propose, accept, update, commit), for profiling.
+
+    It synchronises the device at every phase boundary, which slows a GPU loop:
+    use it in benchmarks, never in timed runs.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds = device, defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        _sync(self.device)
+        t = time.perf_counter()
+        yield
+        _sync(self.device)
+        self.seconds[phase] += time.perf_counter() - t
+
+
+def no_timer(phase: str):
+    return nullcontext()
+
+
 @torch.inference_mode()
 def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
-             turn: int = 0) -> Generation:
+             turn: int = 0, timer=no_timer) -> Generation:
     device = model.device
     n_prompt = len(prompt_ids)
     ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
@@ -71,11 +96,13 @@ def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens
     t1 = time.perf_counter()
     while not done:
         # 2. Propose a draft tree rooted at the newest token (not yet in the cache).
-        draft = proposer.propose(ids[: n_prompt + len(new)])
+        with timer("propose"):
+            draft = proposer.propose(ids[: n_prompt + len(new)])
         # 3. Verify it in one forward; the cache keeps the accepted path only.
-        result = verify(model, cache, draft)
+        result = verify(model, cache, draft, timer, proposer.topk)
         # 4. Let the proposer learn from every node's logits.
-        proposer.update(draft, result)
+        with timer("update"):
+            proposer.update(draft, result)
         # 5. Commit accepted drafts and the bonus token.
         done = commit(result.new_tokens)
     _sync(device)

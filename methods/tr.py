@@ -65,6 +65,7 @@ class TokenRecycling(Proposer):
 
     def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device):
         self.k, self.start, self.tree_name = k, start, tree_name
+        self.topk = k  # the verifier hands back every node's top-K: the update needs nothing else
         self.tree = tree.to(device)
         self.wants_prompt_logits = start == "prompt"
         # int16 holds ids below 32768 (Llama-2/Vicuna's 32000); larger vocabularies take int32.
@@ -113,7 +114,7 @@ class TokenRecycling(Proposer):
         if self.start != "hot" and turn == 0:
             self.M.zero_()
         if prompt_logits is not None:
-            self._write(prompt_ids, prompt_logits)
+            self._write(prompt_ids, prompt_logits.topk(self.k, dim=-1).indices)
 
     def propose(self, context: torch.Tensor) -> Draft:
         tokens = self._buf
@@ -123,17 +124,17 @@ class TokenRecycling(Proposer):
         return Draft(tokens.clone(), self.tree)
 
     def update(self, draft: Draft, result: Verification) -> None:
-        self._write(draft.tokens, result.logits)
+        self._write(draft.tokens, result.topk)
         self.node_accepts[result.path] += 1
 
-    def _write(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
-        """``M[tokens[i]] = top-K(logits[i])`` for all i; duplicates: the last i wins.
+    def _write(self, tokens: torch.Tensor, top: torch.Tensor) -> None:
+        """``M[tokens[i]] = top[i]`` (the top-K successors at position i) for all i; duplicates: the last i wins.
 
         Every occurrence of a token is given the row of its last occurrence, so the
         scatter writes identical rows for duplicates and its order does not matter
         (index_put_ leaves the order of duplicate writes unspecified).
         """
-        top = logits.topk(self.k, dim=-1).indices.to(self.M.dtype)  # [n, K]
+        top = top.to(self.M.dtype)  # [n, K]
         if len(tokens) == self.tree.size:
             later, idx = self._later, self._idx
         else:

@@ -150,15 +150,19 @@ def load_template(name_or_path: str) -> Tree:
         raise TreeError(f"tree template {path} is malformed ({e}); it needs 'children' (levels) or 'parents'") from None
 
 
-def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int) -> Tree:
+def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int, reach_depth: bool = False) -> Tree:
     """The draft tree of ``n_drafts`` nodes (depth <= ``max_depth``, ranks < ``k``) with the largest
     expected accepted length, under a model where a node of rank ``r`` at depth ``d`` is correct
     with probability ``accept[d-1][r]`` given that its parent is (rows past the table's end reuse its
-    last row). A node's value is the product along its path, which never grows with depth or rank,
-    so taking nodes greedily by value yields a tree: the sum of values (= expected accepted drafts)
-    is maximal for the node budget. Ties go to the shallower, lower-rank node.
+    last row). A node's value is the product along its path, which never grows with depth, so
+    taking nodes greedily by value, a node's next sibling becoming a candidate once it is taken
+    (children take ranks 0..c-1), yields the best tree for the node budget. ``reach_depth`` first
+    takes the rank-0 path down to ``max_depth`` (for ablations over depth). Ties go to the
+    shallower, lower-rank node.
 
     >>> grow_tree([[0.6, 0.3], [0.5, 0.2]], n_drafts=3, max_depth=2, k=2).parents
+    (-1, 0, 0, 1)
+    >>> grow_tree([[0.6, 0.3], [0.1, 0.1]], n_drafts=3, max_depth=2, k=2, reach_depth=True).parents
     (-1, 0, 0, 1)
     """
     import heapq
@@ -167,17 +171,28 @@ def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int) 
         row = accept[min(depth, len(accept)) - 1]
         return row[rank] if rank < len(row) else 0.0
 
-    # Candidates are (-value, depth, rank path); a node's first child and next sibling become candidates.
-    heap = [(-p(1, 0), 1, (0,))]
+    heap: list[tuple[float, int, tuple[int, ...], float]] = []  # (-value, depth, rank path, parent's value)
     chosen: list[tuple[int, ...]] = []
-    while heap and len(chosen) < n_drafts:
-        neg, depth, path = heapq.heappop(heap)
+
+    def take(path: tuple[int, ...], parent_value: float) -> None:
         chosen.append(path)
-        parent_value = -neg / p(depth, path[-1]) if p(depth, path[-1]) > 0 else 0.0
-        if path[-1] + 1 < k:
-            heapq.heappush(heap, (-parent_value * p(depth, path[-1] + 1), depth, path[:-1] + (path[-1] + 1,)))
-        if depth < max_depth:
-            heapq.heappush(heap, (neg * p(depth + 1, 0), depth + 1, path + (0,)))
+        depth, rank = len(path), path[-1]
+        value = parent_value * p(depth, rank)
+        if rank + 1 < k:
+            heapq.heappush(heap, (-parent_value * p(depth, rank + 1), depth, path[:-1] + (rank + 1,), parent_value))
+        if depth < max_depth and not (reach_depth and path == (0,) * depth):
+            heapq.heappush(heap, (-value * p(depth + 1, 0), depth + 1, path + (0,), value))
+
+    if reach_depth:
+        value = 1.0
+        for depth in range(1, min(max_depth, n_drafts) + 1):
+            take((0,) * depth, value)
+            value *= p(depth, 0)
+    else:
+        heapq.heappush(heap, (-p(1, 0), 1, (0,), 1.0))
+    while heap and len(chosen) < n_drafts:
+        _, _, path, parent_value = heapq.heappop(heap)
+        take(path, parent_value)
     # Breadth-first numbering: by depth, then by parent's number, then by rank (= path order).
     chosen.sort(key=lambda path: (len(path), path))
     index = {(): 0}

@@ -7,6 +7,8 @@ model's ordinary causal path.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from methods import kv
@@ -20,6 +22,27 @@ def tree_mask(tree: Tree, past: int, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tree.ancestors.device)
     mask[0, 0, :, past:].masked_fill_(~tree.ancestors, torch.finfo(dtype).min)
     return mask
+
+
+def greedy(logits: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(argmax [n], top-k indices [n, k] or None) of ``logits`` [n, vocab].
+
+    With ``k`` the argmax is read off the top-k (one pass over the vocabulary instead
+    of two) with ``torch.argmax``'s rule for ties, the lowest index among the maxima:
+    among top-k entries equal to the maximum the lowest index is taken, and a row
+    whose k entries all tie (more maxima than k) falls back to a full argmax.
+
+    >>> greedy(torch.tensor([[1., 3., 3., 0.]]), k=2)[0].tolist()
+    [1]
+    """
+    if not k:
+        return logits.argmax(dim=-1), None
+    values, top = logits.topk(k, dim=-1)
+    is_max = values == values[:, :1]
+    argmax = torch.where(is_max, top, logits.shape[-1]).amin(dim=-1)
+    if bool(is_max[:, -1].any()):
+        argmax = logits.argmax(dim=-1)
+    return argmax, top
 
 
 def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree) -> torch.Tensor:
@@ -40,29 +63,36 @@ def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree) -> torch.Tens
 
 
 @torch.inference_mode()
-def verify(model, cache, draft: Draft) -> Verification:
-    """Forward ``draft`` after the cached prefix, accept, and leave only the accepted path in the cache."""
+def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0) -> Verification:
+    """Forward ``draft`` after the cached prefix, accept, and leave only the accepted path in the cache.
+
+    ``timer(phase)`` is a context manager that profiling code passes in (``methods.decode.PhaseTimer``);
+    ``topk > 0`` also returns every node's top-k tokens (``Proposer.topk``).
+    """
     tree, past = draft.tree, kv.length(cache)
     ids = draft.tokens.view(1, -1)
-    if tree.is_chain:
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-    else:
-        out = model(
-            input_ids=ids,
-            past_key_values=cache,
-            use_cache=True,
-            position_ids=(tree.depth + past).view(1, -1),
-            attention_mask=tree_mask(tree, past, out_dtype(model)),
-        )
-    logits = out.logits[0]  # [n, vocab]
-    argmax = logits.argmax(dim=-1)  # [n]
-    best = accept(draft.tokens, argmax, tree)
-    # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
-    host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()
-    best, bonus, tokens = host[0], host[1], host[2:]
-    path = tree.path_to(best)
-    kv.commit(cache, past, path)
-    return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax)
+    with timer("forward"):
+        if tree.is_chain:
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        else:
+            out = model(
+                input_ids=ids,
+                past_key_values=cache,
+                use_cache=True,
+                position_ids=(tree.depth + past).view(1, -1),
+                attention_mask=tree_mask(tree, past, out_dtype(model)),
+            )
+    with timer("accept"):
+        logits = out.logits[0]  # [n, vocab]
+        argmax, top = greedy(logits, topk)  # [n], [n, topk]
+        best = accept(draft.tokens, argmax, tree)
+        # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
+        host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()
+        best, bonus, tokens = host[0], host[1], host[2:]
+        path = tree.path_to(best)
+    with timer("commit"):
+        kv.commit(cache, past, path)
+    return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax, top)
 
 
 def out_dtype(model) -> torch.dtype:

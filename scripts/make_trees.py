@@ -18,14 +18,21 @@ import torch
 
 from evaluation.answers import SUMMARY
 from evaluation.errors import HarnessError, exit_on_error
-from methods.tree import TEMPLATES, Tree, grow_tree
+from methods.tree import TEMPLATES, Tree, grow_tree, load_template
 
 BREADTHS = (30, 45, 60, 75, 90)  # drafts, at depth 6
 DEPTHS = (4, 5, 6, 7, 8)  # at 80 drafts
 
 
+PSEUDO_TRIES = 20  # shrinkage of sparse (deep) estimates towards the rank's rate over all depths
+
+
 def acceptance_table(parents: list[int], node_accepts: list[int], k: int = 8) -> list[list[float]]:
-    """p[d-1][r] = accepted(nodes of depth d, rank r) / accepted(their parents); 0 where never tried."""
+    """p[d-1][r] = accepted(nodes of depth d, rank r) / accepted(their parents).
+
+    Deep nodes are tried rarely, so each estimate is shrunk towards the same rank's
+    rate pooled over all depths, as if ``PSEUDO_TRIES`` more tries had that rate.
+    """
     tree = Tree.from_parents(parents)
     depth, rank = tree.depth.tolist(), tree.rank.tolist()
     hits = [[0] * k for _ in range(tree.max_depth)]
@@ -34,7 +41,9 @@ def acceptance_table(parents: list[int], node_accepts: list[int], k: int = 8) ->
         if rank[i] < k:
             hits[depth[i] - 1][rank[i]] += node_accepts[i]
             tries[depth[i] - 1][rank[i]] += node_accepts[parents[i]]
-    return [[h / t if t else 0.0 for h, t in zip(hr, tr)] for hr, tr in zip(hits, tries)]
+    pooled = [sum(h[r] for h in hits) / max(1, sum(t[r] for t in tries)) for r in range(k)]
+    return [[(h + PSEUDO_TRIES * pooled[r]) / (t + PSEUDO_TRIES) for r, (h, t) in enumerate(zip(hr, tr))]
+            for hr, tr in zip(hits, tries)]
 
 
 @exit_on_error
@@ -56,16 +65,20 @@ def main(argv=None) -> None:
         print(f"  depth {d}: " + " ".join(f"{x:.3f}" for x in row))
     source = {"run": str(args.run), "model": summary.get("model"), "bench": summary.get("config", {}).get("bench"),
               "steps": state["node_accepts"][0], "accept": [[round(x, 4) for x in row] for row in p]}
+    paper = load_template("paper")
+    print(f"paper: 80 drafts, depth 6, expected accepted drafts "
+          f"{sum(_path_value(p, paper, i) for i in range(1, paper.size)):.2f}")
     out = Path(args.out)
     shapes = [(n, 6) for n in BREADTHS] + [(80, d) for d in DEPTHS if d != 6]
     for n, d in shapes:
-        tree = grow_tree(p, n, d, state["k"])
+        tree = grow_tree(p, n, d, state["k"], reach_depth=True)
         name = f"grown-n{n}-d{d}"
         expected = sum(_path_value(p, tree, i) for i in range(1, tree.size))
         (out / f"{name}.json").write_text(json.dumps({
             "name": name,
-            "description": f"{n} drafts, depth <= {d}, grown by scripts/make_trees.py: the nodes with the largest "
-                           f"estimated chance of acceptance (expected accepted drafts per step {expected:.2f})",
+            "description": f"{n} drafts, depth {d}, grown by scripts/make_trees.py: the rank-0 path to depth {d}, "
+                           f"then the nodes with the largest estimated chance of acceptance (expected accepted "
+                           f"drafts per step {expected:.2f})",
             "source": source,
             "parents": list(tree.parents),
         }) + "\n")

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +26,8 @@ def cli(*args, check=True, **kw):
     return p
 
 
-def run_args(out, *extra):
-    return ("evaluation.run", f"hydra.run.dir={out}", "warmup=0", "runtime.progress=false",
+def run_args(out, *extra, warmup=0):
+    return ("evaluation.run", f"hydra.run.dir={out}", f"warmup={warmup}", "runtime.progress=false",
             f"bench.question_ids=[{','.join(map(str, QIDS))}]", f"bench.max_new_tokens={MAX_NEW}", *extra)
 
 
@@ -67,25 +68,44 @@ def test_vanilla_equals_model_generate(vanilla_run, embedded):
             assert out[0, len(ids):].tolist() == c["token_ids"][turn], (q.question_id, turn)
 
 
-def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path):
-    out = tmp_path / "killed"
-    p = subprocess.Popen([sys.executable, "-m", *run_args(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+def kill_after(n_answers, args):
+    """Start a run, SIGKILL it once it has written ``n_answers`` lines, then resume it to the end."""
+    out = Path(args[1].split("=", 1)[1])
+    p = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     answers = out / "answers.jsonl"
     deadline = time.time() + 300
-    while time.time() < deadline and not (answers.exists() and answers.read_text().count("\n") >= 2):
+    while time.time() < deadline and not (answers.exists() and answers.read_text().count("\n") >= n_answers):
         time.sleep(0.2)
     p.send_signal(signal.SIGKILL)
     p.wait()
     done_before = answers.read_text().count("\n")
-    assert 2 <= done_before < len(QIDS)
+    assert n_answers <= done_before < len(QIDS)
     with open(answers, "a") as f:  # a line cut short by the kill
         f.write('{"question_id": 999, "choi')
-    cli(*run_args(out))
-    recs = read_answers(out)
+    cli(*args)
+    return read_answers(out)
+
+
+def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path):
+    recs = kill_after(2, run_args(tmp_path / "killed"))
     assert sorted(r["question_id"] for r in recs) == QIDS
     same, total, mismatches, unit = compare(read_answers(vanilla_run), recs)
     assert unit == "token" and not mismatches and same == total == len(QIDS) + 1
+
+
+def test_killed_tr_run_resumes_with_the_same_state(vanilla_run, tmp_path):
+    """Hot start across a kill: the matrix is saved with every answer, so accept lengths match an unbroken run."""
+    args = lambda out: run_args(out, "method=tr", warmup=1)  # noqa: E731
+    whole = tmp_path / "whole"
+    cli(*args(whole))
+    resumed = kill_after(2, args(tmp_path / "killed"))
+    unbroken = read_answers(whole)
+    assert [r["question_id"] for r in resumed] == QIDS
+    for a, b in zip(unbroken, resumed):
+        assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
+        assert a["choices"][0]["accept_lengths"] == b["choices"][0]["accept_lengths"], a["question_id"]
+    assert compare(read_answers(vanilla_run), resumed)[2] == []  # and lossless
 
 
 def test_rerun_of_a_finished_run_does_nothing(vanilla_run):
@@ -175,3 +195,15 @@ def test_checker_and_report_refuse_wrong_format(tmp_path, vanilla_run, content, 
 def test_checker_missing_file(tmp_path):
     p = cli("evaluation.equal", str(tmp_path / "a"), str(tmp_path / "b"), check=False)
     assert p.returncode == 2 and "no answer file at" in p.stderr
+
+
+def test_experiment_multirun_ends_in_a_table(vanilla_run, tmp_path):
+    """An ablation experiment runs as a Hydra multirun and writes its table, speedups against report.baseline."""
+    p = cli("evaluation.run", "experiment=tr_start", f"hydra.sweep.dir={tmp_path}", "warmup=0",
+            "runtime.progress=false", f"bench.question_ids=[{QIDS[1]}]", "bench.max_new_tokens=6",
+            f"report.baseline={vanilla_run}")
+    table = (tmp_path / "sweep.md").read_text().splitlines()
+    assert len(table) == 2 + 3  # header, rule, one row per start policy
+    assert table[0].startswith("| run | method | k | tree |") and table[0].rstrip().endswith("| speedup |")
+    assert {line.split("|")[7].strip() for line in table[2:]} == {"hot", "cold", "prompt"}
+    assert "sweep.md" in p.stdout

@@ -59,3 +59,27 @@ def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_pat
     with pytest.raises(HarnessError, match=rf"put question.jsonl at {tmp_path}.*bench.path=FILE"):
         data.fetch_spec_bench()
     assert not list((tmp_path / "cache").glob("*")), "no partial file left behind"
+
+
+@pytest.mark.parametrize("experiment", names("experiment"))
+def test_every_experiment_point_composes_and_builds(experiment):
+    """Dry run: every point of every sweep composes and its method accepts its parameters."""
+    import torch
+
+    from methods.base import build_proposer
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        from hydra import compose as hydra_compose
+
+        full = hydra_compose(config_name="config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    assert full.hydra.mode.name == "MULTIRUN"
+    params = full.hydra.sweeper.params
+    assert params, f"experiment {experiment} sweeps nothing"
+    points = [[]]
+    for key, values in params.items():
+        points = [p + [f"{key}={v}"] for p in points for v in str(values).split(",")]
+    for point in points:
+        cfg = _compose(f"experiment={experiment}", *point)
+        method = OmegaConf.to_container(cfg.method, resolve=True)
+        name = method.pop("name")
+        build_proposer(name, method, vocab_size=49152, device=torch.device("cpu"))

@@ -6,7 +6,7 @@ from methods.base import Draft, Proposer, build_proposer
 from methods.base import ConfigError
 from methods.decode import generate
 from methods.tree import Tree
-from methods.verify import accept, tree_mask
+from methods.verify import accept, greedy, tree_mask
 
 
 def test_accept_worked_examples():
@@ -18,6 +18,21 @@ def test_accept_worked_examples():
     assert int(accept(torch.tensor([5, 3, 4, 9, 8]), argmax, t)) == 0  # nothing: bonus only
     # both depth-1 children right (duplicate drafts): the first in BFS order wins
     assert int(accept(torch.tensor([5, 7, 7, 9, 9]), argmax, t)) == 3
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_greedy_from_topk_breaks_ties_like_argmax(k):
+    logits = torch.tensor([
+        [0.0, 1.0, 1.0, 0.5, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0],   # three maxima: the first (1) wins
+        [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0],   # more maxima than k: full argmax (0)
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0],
+    ])
+    argmax, top = greedy(logits, k)
+    assert argmax.tolist() == logits.argmax(-1).tolist() == [1, 0, 9]
+    assert top.shape == (3, k)
+    assert greedy(logits)[1] is None
+    rand = torch.randn(50, 1000).round(decimals=1)  # many ties
+    assert torch.equal(greedy(rand, k)[0], rand.argmax(-1))
 
 
 def test_tree_mask_shape_and_values():

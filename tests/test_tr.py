@@ -45,12 +45,16 @@ def _logits(rows, vocab=16):
     return lg
 
 
+def _verified(path, logits, k=2):
+    return Verification(path, [1], logits, logits.argmax(-1), logits.topk(k, dim=-1).indices)
+
+
 def test_update_writes_every_verified_node(tmp_path):
     tr = make(tmp_path, [-1, 0, 0, 1])
     draft = tr.propose(torch.tensor([5]))  # [5, 0, 0, 0] from a zero matrix
     draft.tokens[:] = torch.tensor([5, 7, 3, 9])  # pretend the rows held these
     logits = _logits([(7, 1), (9, 2), (4, 5), (13, 14)])
-    tr.update(draft, Verification([0, 1], [7, 9], logits, logits.argmax(-1)))
+    tr.update(draft, _verified([0, 1], logits))
     assert tr.M[5].tolist() == [7, 1]
     assert tr.M[7].tolist() == [9, 2]  # accepted draft
     assert tr.M[3].tolist() == [4, 5]  # rejected draft: written too
@@ -63,10 +67,10 @@ def test_duplicates_last_node_in_bfs_order_wins(tmp_path):
     draft = tr.propose(torch.tensor([5]))
     draft.tokens[:] = torch.tensor([5, 8, 8, 8])  # token 8 at nodes 1, 2 and 3
     logits = _logits([(1, 2), (3, 4), (5, 6), (10, 11)])
-    tr.update(draft, Verification([0], [1], logits, logits.argmax(-1)))
+    tr.update(draft, _verified([0], logits))
     assert tr.M[8].tolist() == [10, 11]
     draft.tokens[:] = torch.tensor([8, 6, 8, 6])  # root and node 2 share a token
-    tr.update(draft, Verification([0], [1], logits, logits.argmax(-1)))
+    tr.update(draft, _verified([0], logits))
     assert tr.M[8].tolist() == [5, 6] and tr.M[6].tolist() == [10, 11]
 
 

@@ -1,0 +1,85 @@
+"""One table for a sweep: a row per run folder, overall MAT, tokens/s and speedup.
+
+    python -m evaluation.sweep SWEEP_DIR [--baseline RUN]
+
+A multirun (``python -m evaluation.run experiment=tr_k``) writes this table by
+itself when it ends (the ``SweepTable`` Hydra callback), as ``sweep.csv`` and
+``sweep.md`` in the sweep folder. Numbers come from ``evaluation.metrics``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+
+from evaluation.answers import ANSWERS, SUMMARY, read_answers
+from evaluation.errors import HarnessError, exit_on_error
+from evaluation.metrics import OVERALL, task_table
+from evaluation.speed import markdown
+
+# Method facts from a run's summary worth a column, when the method reports them.
+STATE_COLUMNS = ("k", "tree", "tree_nodes", "tree_depth", "start")
+
+
+def find_runs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob(ANSWERS))
+
+
+def sweep_table(root: Path, baseline: str | None) -> pd.DataFrame:
+    runs = find_runs(root)
+    if not runs:
+        raise HarnessError(f"no run folders (with {ANSWERS}) under {root}")
+    base = read_answers(baseline) if baseline else None
+    rows = []
+    for run in runs:
+        summary = json.loads((run / SUMMARY).read_text()) if (run / SUMMARY).exists() else {}
+        state = summary.get("method_state", {})
+        overall = task_table(read_answers(run), base).loc[OVERALL]
+        row = {"run": str(run.relative_to(root)) or ".", "method": summary.get("method", "?")}
+        row.update({c: state.get(c) for c in STATE_COLUMNS if c in state})
+        row.update(questions=int(overall["questions"]), MAT=overall["mat"], **{"tokens/s": overall["tok_per_s"]})
+        if base is not None:
+            row["speedup"] = overall["speedup"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_table(root: Path, baseline: str | None) -> pd.DataFrame:
+    if baseline and not (Path(baseline).is_file() or (Path(baseline) / ANSWERS).is_file()):
+        print(f"note: baseline {baseline} not found, so no speedup column; run vanilla on the same bench first")
+        baseline = None
+    table = sweep_table(root, baseline)
+    md = markdown(table)
+    table.to_csv(root / "sweep.csv", index=False)
+    (root / "sweep.md").write_text(md + "\n")
+    print(md)
+    print(f"-> {root / 'sweep.csv'}, {root / 'sweep.md'}")
+    return table
+
+
+class SweepTable(Callback):
+    """Hydra callback: when a multirun ends, tabulate its runs (baseline: ``report.baseline``)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        try:
+            write_table(Path(config.hydra.sweep.dir), config.get("report", {}).get("baseline"))
+        except HarnessError as e:
+            print(f"error: {e}", file=sys.stderr)
+
+
+@exit_on_error
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sweep", help="a sweep folder (any folder holding run folders)")
+    ap.add_argument("--baseline", help="run folder or answer file of the baseline (vanilla)")
+    args = ap.parse_args(argv)
+    write_table(Path(args.sweep), args.baseline)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

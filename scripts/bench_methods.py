@@ -1,0 +1,112 @@
+"""Decoding methods side by side in one process: MAT, tokens/s and speedup per Spec-Bench task.
+
+    python -m scripts.bench_methods "method=vanilla" "method=tr" "method=tr method.start=cold" \\
+        [--bench spec_bench_sample] [--warmup 1] [--generate] [--out DIR]
+
+Each positional argument is one method as Hydra overrides (as for evaluation.run); the
+first is the baseline. All methods decode the same questions in one process, question by
+question, the order of the methods rotating from one question to the next, so that the
+drift of a shared machine falls on all alike. ``--generate`` adds Hugging Face
+``model.generate(do_sample=False)`` as an outside reference. Writes one answer file per
+method under --out, checks that all produced the same tokens, and prints the speed
+table (evaluation.speed) against the baseline and, with --generate, against generate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from evaluation.data import load_bench
+from evaluation.equal import compare
+from evaluation.errors import exit_on_error
+from evaluation.models import load_model
+from evaluation.paths import RESULTS, ROOT
+from evaluation.run import Runner, model_spec
+from evaluation.speed import markdown, speed_table
+from methods.decode import Generation
+
+GENERATE = "generate"
+
+
+class GenerateRunner(Runner):
+    """Hugging Face generate in the runner's shoes: same prompts, same record format."""
+
+    def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(torch.tensor([ids], device=self.device), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=sorted(self.stop_ids))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        new = out[0, len(ids):].tolist()
+        stop = "eos" if new and new[-1] in self.stop_ids else "length"
+        return Generation(new, [1] * len(new), 0.0, time.perf_counter() - t, stop)
+
+
+def config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@exit_on_error
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("methods", nargs="+", help='each one method as overrides, e.g. "method=tr method.k=4"')
+    ap.add_argument("--bench", default="spec_bench_sample", help="bench config, plus any bench.* overrides")
+    ap.add_argument("--set", nargs="*", default=[], help="overrides for every method (model=..., bench.*=...)")
+    ap.add_argument("--warmup", type=int, default=1, help="passes over the first question per method")
+    ap.add_argument("--generate", action="store_true", help="add model.generate as a reference")
+    ap.add_argument("--out", default=str(RESULTS / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")))
+    args = ap.parse_args(argv)
+
+    common = [f"bench={args.bench}", *args.set]
+    labels = [m.replace("method=", "").replace(" ", ",") for m in args.methods]
+    cfgs = [config(common + m.split()) for m in args.methods]
+    b = cfgs[0].bench
+    questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
+                           limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
+    loaded = load_model(model_spec(cfgs[0]))
+    runners = {label: Runner(cfg, loaded) for label, cfg in zip(labels, cfgs)}
+    if args.generate:
+        runners[GENERATE] = GenerateRunner(config(common + ["method=vanilla"]), loaded)
+    for r in runners.values():
+        for _ in range(args.warmup):
+            r.answer(questions[0])
+
+    records = {label: [] for label in runners}
+    order = list(runners)
+    from tqdm import tqdm
+
+    for i, q in enumerate(tqdm(questions, desc="questions", unit="q")):
+        for label in order[i % len(order):] + order[: i % len(order)]:
+            rec = runners[label].answer(q)
+            rec["method"] = label
+            records[label].append(rec)
+    out = Path(args.out)
+    for label, recs in records.items():
+        (out / label).mkdir(parents=True, exist_ok=True)
+        (out / label / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    for label in records:
+        _, total, mismatches, _ = compare(records[labels[0]], records[label])
+        print(f"{label}: {total - len(mismatches)}/{total} turns token-identical to {labels[0]}")
+    print(f"\n{len(questions)} questions, {b.max_new_tokens} new tokens, {loaded[2]}, "
+          f"{torch.get_num_threads()} threads; speedup against {labels[0]}:")
+    table = speed_table([str(out / label) for label in records], str(out / labels[0]))
+    print(markdown(table))
+    table.to_csv(out / "speed.csv", index=False)
+    (out / "speed.md").write_text(markdown(table) + "\n")
+    if args.generate:
+        print(f"\nagainst {GENERATE}:")
+        vs = speed_table([str(out / label) for label in records], str(out / GENERATE))
+        print(markdown(vs[vs["task"] == "overall"]))
+        vs.to_csv(out / "speed_vs_generate.csv", index=False)
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
