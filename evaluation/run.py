@@ -170,9 +170,12 @@ def run(cfg: DictConfig, out: Path) -> Path:
     }
     write_json_atomic(out / SUMMARY, summary)
 
-    resumed = bool(writer.done) and state_file.exists()
-    if resumed:
-        runner.proposer.load_state_dict(torch.load(state_file, map_location=runner.device))
+    if writer.done and state_file.exists():
+        saved = torch.load(state_file, map_location=runner.device)
+        runner.proposer.load_state_dict(saved["state"])
+        if saved["answered"] != len(writer.done):
+            print(f"note: the run was killed between saving the {runner.method} state and its answer; the "
+                  f"resumed part's accept lengths may differ slightly from an unbroken run (its tokens cannot)")
     elif todo:
         # Spec-Bench warms up on the first question; resumed runs restore the proposer state instead.
         for _ in range(int(cfg.warmup)):
@@ -186,8 +189,8 @@ def run(cfg: DictConfig, out: Path) -> Path:
     for q in bar:
         rec = runner.answer(q)
         state = runner.proposer.state_dict()
-        if state:
-            torch.save(state, state_file.with_suffix(".tmp"))
+        if state:  # saved before the answer: a resumed run continues from the state after its last answer
+            torch.save({"answered": len(writer.done) + 1, "state": state}, state_file.with_suffix(".tmp"))
             state_file.with_suffix(".tmp").replace(state_file)
         writer.append(rec)
         c = rec["choices"][0]

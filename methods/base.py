@@ -20,6 +20,7 @@ class Draft:
 
     tokens: torch.Tensor  # [n] long, tokens[0] is the root (the last committed token)
     tree: Tree  # topology of the n nodes, same device as tokens
+    acceptable: torch.Tensor | None = None  # [n] bool; False: forwarded for its logits, never accepted
 
 
 @dataclass

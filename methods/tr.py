@@ -95,7 +95,7 @@ class TokenRecycling(Proposer):
         if params:
             raise ConfigError(f"method 'tr' has no parameter(s) {', '.join(sorted(params))}; "
                               f"known: k, tree, start, fit_tree_to_k")
-        if not isinstance(k, int) or not 1 <= k <= min(vocab_size, 1024):
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(vocab_size, 1024):
             raise ConfigError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
         if start not in STARTS:
             raise ConfigError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")

@@ -75,6 +75,26 @@ class Tree:
         return _tree_on(tuple(int(p) for p in parents), "cpu")
 
     @staticmethod
+    def breadth_first(parents: list[int]) -> tuple["Tree", list[int]]:
+        """A tree given parent-first but not breadth-first: (the tree, ``order``), where
+        ``order[i]`` is the input index of the tree's node ``i``.
+
+        >>> tree, order = Tree.breadth_first([-1, 0, 1, 0])   # 0 -> {1, 3}, 1 -> 2
+        >>> tree.parents, order
+        ((-1, 0, 0, 1), [0, 1, 3, 2])
+        """
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(parents[1:], start=1):
+            if not 0 <= p < i:
+                raise TreeError(f"node {i} has parent {p}; parents must come before their children")
+            children.setdefault(p, []).append(i)
+        order = [0]
+        for node in order:  # the list grows while it is walked: a breadth-first traversal
+            order.extend(children.get(node, []))
+        new = {old: i for i, old in enumerate(order)}
+        return Tree.from_parents([-1] + [new[parents[old]] for old in order[1:]]), order
+
+    @staticmethod
     def chain(n: int) -> "Tree":
         """A root followed by ``n - 1`` drafts, each the child of the previous one."""
         return Tree.from_parents((-1, *range(n - 1)))

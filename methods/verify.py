@@ -40,23 +40,30 @@ def greedy(logits: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor
     values, top = logits.topk(k, dim=-1)
     is_max = values == values[:, :1]
     argmax = torch.where(is_max, top, logits.shape[-1]).amin(dim=-1)
-    if bool(is_max[:, -1].any()):
+    all_tied = is_max[:, -1]
+    if logits.is_cuda:  # a full argmax is cheap there, a host synchronisation is not
+        argmax = torch.where(all_tied, logits.argmax(dim=-1), argmax)
+    elif bool(all_tied.any()):  # on the CPU the opposite
         argmax = logits.argmax(dim=-1)
     return argmax, top
 
 
-def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree) -> torch.Tensor:
+def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree,
+           acceptable: torch.Tensor | None = None) -> torch.Tensor:
     """Index of the deepest node whose whole path the target agrees with (a 0-d tensor, no host sync).
 
-    A draft is correct when it equals its parent's greedy next token; a node is
-    acceptable when every node on its path is correct. Among the deepest acceptable
-    nodes the first in BFS order wins (the lowest ranks, for rank-ordered trees).
+    A draft is correct when it equals its parent's greedy next token (and is not
+    marked unacceptable, like Lookahead's window); a node is accepted when every node
+    on its path is correct. Among the deepest acceptable nodes the first in BFS order
+    wins (the lowest ranks, for rank-ordered trees).
 
     >>> t = Tree.from_parents((-1, 0, 0, 1))        # 0 -> {1, 2}, 1 -> 3
     >>> int(accept(torch.tensor([5, 7, 6, 9]), torch.tensor([6, 9, 4, 2]), t))
     2
     """
     correct = tokens == argmax[tree.parent_index]
+    if acceptable is not None:
+        correct &= acceptable
     correct[0] = True
     ok = ~(tree.ancestors & ~correct).any(dim=1)
     return torch.where(ok, tree.depth, -1).argmax()
@@ -85,7 +92,7 @@ def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0) -> Veri
     with timer("accept"):
         logits = out.logits[0]  # [n, vocab]
         argmax, top = greedy(logits, topk)  # [n], [n, topk]
-        best = accept(draft.tokens, argmax, tree)
+        best = accept(draft.tokens, argmax, tree, draft.acceptable)
         # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
         host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()
         best, bonus, tokens = host[0], host[1], host[2:]

@@ -159,6 +159,10 @@ def _bad(tmp_path, *args):
     (["warmup=-1"], "warmup must be 0 or more"),
     (["bench.limit_per_category=0"], "bench.limit_per_category must be at least 1"),
     (["bench.question_ids=[81]", "model.max_context=20"], "question 81 turn 1: the prompt has"),
+    (["model.checkpoint=/"], "cannot load model 'smollm2-135m' from '/'"),
+    (["method=tr", "method.k=4"], "tree 'paper' uses ranks up to 7, which needs method.k >= 8"),
+    (["method=tr", "method.start=warm"], "method.start must be one of hot, cold, prompt"),
+    (["method=tr", "+method.depth=3"], "method 'tr' has no parameter(s) depth"),
     (["model.device=cuda:0"] if not torch.cuda.is_available() else ["model.dtype=float8"],
      "CUDA is not available" if not torch.cuda.is_available() else "unknown model.dtype"),
 ])

@@ -109,3 +109,17 @@ def test_unknown_method_lists_the_known_ones():
 def test_vanilla_refuses_parameters():
     with pytest.raises(ConfigError, match="takes no parameters"):
         build_proposer("vanilla", {"k": 3}, vocab_size=10, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name, params", [
+    ("tr", {}), ("tr", {"start": "prompt", "tree": "grown-n30-d6"}), ("pld", {}),
+    ("lookahead", {}), ("lookahead", {"level": 3, "window": 4, "guess": 2}),
+])
+def test_every_method_equals_greedy_on_the_tiny_model(tiny_model, name, params):
+    prompt = [1, 5, 9, 33, 4, 5, 9, 33, 4, 5, 9]  # repetitive, so that lookups and n-grams find something
+    ref = _greedy(tiny_model, prompt, 60)
+    proposer = build_proposer(name, params, vocab_size=96, device=torch.device("cpu"))
+    for turn in range(2):  # a second request on the same proposer (state carried or reset by the method)
+        gen = generate(tiny_model, proposer, prompt, max_new_tokens=60, stop_ids=set(), turn=turn)
+        assert gen.token_ids == ref
+        assert sum(gen.accept_lengths) == 60

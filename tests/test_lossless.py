@@ -39,11 +39,16 @@ def test_sample_is_stratified():
     ["method=tr", "method.start=cold"],
     ["method=tr", "method.start=prompt"],
     ["method=tr", "method.tree=probe"],              # 64 drafts, depth 8
+    ["method=tr", "method.tree=grown-n30-d6"],       # a grown template
     ["method=tr", "method.k=3", "method.fit_tree_to_k=true"],  # the paper tree clipped to ranks < 3
+    ["method=pld"],                                  # Spec-Bench's settings: n-grams 3..1, 10 drafts
+    ["method=pld", "method.max_ngram=1", "method.num_pred_tokens=4"],
+    ["method=lookahead"],                            # the Spec-Bench leaderboard's level 5, window 7, guess 7
+    ["method=lookahead", "method.level=3", "method.window=4", "method.guess=3"],
 ], ids=lambda o: ",".join(o))
-def test_token_recycling_is_lossless(reference, overrides):
+def test_method_is_lossless(reference, overrides):
     r = runner(*overrides)
-    r.answer(SAMPLE[0])  # a warm-up pass, so that the hot start drafts from a filled matrix
+    r.answer(SAMPLE[0])  # a warm-up pass, so that TR's hot start drafts from a filled matrix
     got = answers(r)
     for qid, ref in reference.items():
         assert got[qid]["token_ids"] == ref["token_ids"], f"question {qid}"
