@@ -32,8 +32,9 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# Side by side in one process: HF generate, vanilla and TR on 2 questions per task; then TR's time split.
 bench: setup
-	$(PY) -m scripts.bench_engine
+	$(PY) -m scripts.bench_methods method=vanilla method=tr --generate --bench spec_bench_smoke --set bench.max_new_tokens=64
 	$(PY) -m scripts.bench_tr
 
 clean:
