@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from evaluation.errors import HarnessError
+from evaluation.errors import HarnessError, read_jsonl
 
 ANSWERS = "answers.jsonl"
 SUMMARY = "summary.json"
@@ -55,19 +55,12 @@ def _check(obj, where: str) -> dict:
 def read_answers(path: str | Path) -> list[dict]:
     p = answer_file(path)
     records, seen = [], set()
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                rec = _check(json.loads(line), where)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{where}: not valid JSON ({e.msg}); is this an answer file?") from None
-            if rec["question_id"] in seen:
-                raise HarnessError(f"{where}: question {rec['question_id']} is answered twice")
-            seen.add(rec["question_id"])
-            records.append(rec)
+    for where, obj in read_jsonl(p, "one answer record a line (is this an answer file?)"):
+        rec = _check(obj, where)
+        if rec["question_id"] in seen:
+            raise HarnessError(f"{where}: question {rec['question_id']} is answered twice")
+        seen.add(rec["question_id"])
+        records.append(rec)
     if not records:
         raise HarnessError(f"answer file {p} holds no answers")
     return records

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.errors import HarnessError
+from evaluation.errors import HarnessError, read_jsonl
 from evaluation.paths import CACHE, SHARED
 
 SPEC_BENCH_URL = (
@@ -62,7 +61,8 @@ def fetch_spec_bench() -> Path:
                 f"at {CACHED} (its address: {SPEC_BENCH_URL}) or pass bench.path=FILE") from None
     if sha256(tmp) != SPEC_BENCH_SHA256:
         tmp.unlink()
-        raise HarnessError(f"the Spec-Bench file fetched for {CACHED} has the wrong sha256; expected {SPEC_BENCH_SHA256}")
+        raise HarnessError(
+            f"the Spec-Bench file fetched for {CACHED} has the wrong sha256; expected {SPEC_BENCH_SHA256}")
     tmp.replace(CACHED)
     return CACHED
 
@@ -72,28 +72,20 @@ def read_questions(path: Path) -> list[Question]:
     if not path.is_file():
         raise HarnessError(f"question file {path} does not exist; pass bench.path=FILE or drop it to use Spec-Bench")
     questions, seen = [], set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{where}: not valid JSON ({e.msg}); each line must be one question object") from None
-            if not isinstance(obj, dict):
-                raise HarnessError(f"{where}: expected a JSON object with question_id, category and turns")
-            qid, cat, turns = obj.get("question_id"), obj.get("category"), obj.get("turns")
-            if not isinstance(qid, int) or isinstance(qid, bool):
-                raise HarnessError(f"{where}: 'question_id' must be an integer")
-            if not isinstance(cat, str) or not cat:
-                raise HarnessError(f"{where}: 'category' must be a non-empty string")
-            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise HarnessError(f"{where}: 'turns' must be a non-empty list of strings")
-            if qid in seen:
-                raise HarnessError(f"{where}: question_id {qid} appears twice")
-            seen.add(qid)
-            questions.append(Question(qid, cat, tuple(turns)))
+    for where, obj in read_jsonl(path, "one question object a line"):
+        if not isinstance(obj, dict):
+            raise HarnessError(f"{where}: expected a JSON object with question_id, category and turns")
+        qid, cat, turns = obj.get("question_id"), obj.get("category"), obj.get("turns")
+        if not isinstance(qid, int) or isinstance(qid, bool):
+            raise HarnessError(f"{where}: 'question_id' must be an integer")
+        if not isinstance(cat, str) or not cat:
+            raise HarnessError(f"{where}: 'category' must be a non-empty string")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise HarnessError(f"{where}: 'turns' must be a non-empty list of strings")
+        if qid in seen:
+            raise HarnessError(f"{where}: question_id {qid} appears twice")
+        seen.add(qid)
+        questions.append(Question(qid, cat, tuple(turns)))
     if not questions:
         raise HarnessError(f"question file {path} holds no questions")
     return questions

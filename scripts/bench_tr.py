@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from omegaconf import OmegaConf
 
 from evaluation.data import load_bench

@@ -69,7 +69,7 @@ def main(argv=None) -> None:
     print(f"paper: 80 drafts, depth 6, expected accepted drafts "
           f"{sum(_path_value(p, paper, i) for i in range(1, paper.size)):.2f}")
     out = Path(args.out)
-    shapes = [(n, 6) for n in BREADTHS] + [(80, d) for d in DEPTHS if d != 6]
+    shapes = [(n, 6) for n in BREADTHS] + [(80, d) for d in DEPTHS]
     for n, d in shapes:
         tree = grow_tree(p, n, d, state["k"], reach_depth=True)
         name = f"grown-n{n}-d{d}"

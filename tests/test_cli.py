@@ -1,6 +1,5 @@
 """End to end on the embedded model through the real command lines."""
 import json
-import os
 import signal
 import subprocess
 import sys

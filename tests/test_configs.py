@@ -1,5 +1,4 @@
 """Every config composes, and every model config describes a loadable ModelSpec."""
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from methods.base import ConfigError, Verification, build_proposer
-from methods.tr import TokenRecycling, fit_tree
-from methods.tree import Tree, TreeError, load_template
+from methods.tr import fit_tree
+from methods.tree import TreeError, load_template
 
 CPU = torch.device("cpu")
 
