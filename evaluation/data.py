@@ -140,5 +140,20 @@ def select(questions: list[Question], categories=None, question_ids=None, limit_
     return questions
 
 
+def shard(questions: list[Question], index: int, count: int) -> list[Question]:
+    """The ``index``-th of ``count`` contiguous blocks (sizes differ by at most one, larger blocks first).
+
+    >>> [len(shard(list(range(10)), i, 3)) for i in range(3)]
+    [4, 3, 3]
+    """
+    if not isinstance(count, int) or count < 1:
+        raise HarnessError(f"runtime.num_shards must be an integer of at least 1, got {count!r}")
+    if not isinstance(index, int) or not 0 <= index < count:
+        raise HarnessError(f"runtime.shard must be an integer from 0 to {count - 1}, got {index!r}")
+    size, extra = divmod(len(questions), count)
+    start = index * size + min(index, extra)
+    return questions[start: start + size + (index < extra)]
+
+
 def load_bench(path: str | None, **selection) -> list[Question]:
     return select(read_questions(Path(path).expanduser() if path else fetch_spec_bench()), **selection)

@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, write_json_atomic
-from evaluation.data import Question, load_bench
+from evaluation.data import Question, load_bench, shard
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import ModelSpec, load_model, max_context, stop_token_ids
 from evaluation.paths import ROOT
@@ -133,8 +133,8 @@ class Runner:
         }
 
 
-def _comparable(cfg: dict) -> dict:
-    """The parts of a run's config that decide its output; a resumed run must match them."""
+def comparable(cfg: dict) -> dict:
+    """The parts of a run's config that decide its output; a resumed run (or a shard of a merge) must match them."""
     return {k: cfg[k] for k in ("model", "method", "bench", "warmup")}
 
 
@@ -142,13 +142,15 @@ def run(cfg: DictConfig, out: Path) -> Path:
     if int(cfg.warmup) < 0:
         raise HarnessError(f"warmup must be 0 or more, got {cfg.warmup}")
     b = cfg.bench
-    questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
+    selection = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
+    questions = shard(selection, cfg.runtime.shard, cfg.runtime.num_shards)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config_file = out / "config.yaml"
     if config_file.exists():
         before = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
-        if _comparable(before) != _comparable(resolved):
+        shard_of = (before["runtime"].get("shard"), before["runtime"].get("num_shards"))
+        if comparable(before) != comparable(resolved) or shard_of != (cfg.runtime.shard, cfg.runtime.num_shards):
             raise HarnessError(
                 f"{out} holds a run with a different configuration ({config_file}); "
                 f"choose another folder with hydra.run.dir=DIR, or delete it to start over")
@@ -164,6 +166,8 @@ def run(cfg: DictConfig, out: Path) -> Path:
         "method": runner.method,
         "bench": b.name,
         "questions": len(questions),
+        "shard": {"index": cfg.runtime.shard, "count": cfg.runtime.num_shards,
+                  "selection": [q.question_id for q in selection], "questions": [q.question_id for q in questions]},
         "config": resolved,
         "environment": environment(runner.device, next(runner.model.parameters()).dtype),
         "method_state": runner.proposer.summary(),
@@ -179,8 +183,9 @@ def run(cfg: DictConfig, out: Path) -> Path:
                   f"resumed part's accept lengths may differ slightly from an unbroken run (its tokens cannot)")
     elif todo:
         # Spec-Bench warms up on the first question; resumed runs restore the proposer state instead.
+        # Every shard warms up on the selection's first question, so each starts as a single run does.
         for _ in range(int(cfg.warmup)):
-            runner.answer(questions[0])
+            runner.answer(selection[0])
 
     from tqdm import tqdm
 

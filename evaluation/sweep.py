@@ -29,6 +29,10 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob(ANSWERS))
 
 
+def _summary(run: Path) -> dict:
+    return json.loads((run / SUMMARY).read_text()) if (run / SUMMARY).exists() else {}
+
+
 def sweep_table(root: Path, baseline: str | None) -> pd.DataFrame:
     runs = find_runs(root)
     if not runs:
@@ -36,22 +40,28 @@ def sweep_table(root: Path, baseline: str | None) -> pd.DataFrame:
     base = read_answers(baseline) if baseline else None
     rows = []
     for run in runs:
-        summary = json.loads((run / SUMMARY).read_text()) if (run / SUMMARY).exists() else {}
+        summary = _summary(run)
         state = summary.get("method_state", {})
         overall = task_table(read_answers(run), base).loc[OVERALL]
         row = {"run": str(run.relative_to(root)) or ".", "method": summary.get("method", "?")}
-        row.update({c: state.get(c) for c in STATE_COLUMNS if c in state})
+        row.update({c: state[c] for c in STATE_COLUMNS if c in state})
         row.update(questions=int(overall["questions"]), MAT=overall["mat"], **{"tokens/s": overall["tok_per_s"]})
         if base is not None:
             row["speedup"] = overall["speedup"]
         rows.append(row)
-    return pd.DataFrame(rows)
+    state = [c for c in STATE_COLUMNS if any(c in r for r in rows)]
+    columns = ["run", "method", *state, "questions", "MAT", "tokens/s"] + (["speedup"] if base is not None else [])
+    return pd.DataFrame([{c: r.get(c, "") for c in columns} for r in rows], columns=columns)
 
 
 def write_table(root: Path, baseline: str | None) -> pd.DataFrame:
+    """The table of the runs under ``root``; the baseline is ``baseline``, else the sweep's one vanilla run."""
     if baseline and not (Path(baseline).is_file() or (Path(baseline) / ANSWERS).is_file()):
         print(f"note: baseline {baseline} not found, so no speedup column; run vanilla on the same bench first")
         baseline = None
+    if not baseline:
+        vanilla = [run for run in find_runs(root) if _summary(run).get("method") == "vanilla"]
+        baseline = str(vanilla[0]) if len(vanilla) == 1 else None
     table = sweep_table(root, baseline)
     md = markdown(table)
     table.to_csv(root / "sweep.csv", index=False)

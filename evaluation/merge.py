@@ -1,0 +1,107 @@
+"""Join the shards of one run into one answer file, as a single process would have written it.
+
+    python -m evaluation.run runtime.num_shards=2 runtime.shard=0 ...   # on one GPU or job
+    python -m evaluation.run runtime.num_shards=2 runtime.shard=1 ...   # on another
+    python -m evaluation.merge SHARD_DIR SHARD_DIR --out DIR
+
+The merged ``answers.jsonl`` holds every question of the selection once, in the
+selection's order. Refused, with the reason: shards of different configurations
+or models, a shard missing or given twice, a shard that has not finished, two
+shards answering the same question.
+
+Token Recycling's hot start within shards: every shard warms up on the selection's
+first question and carries its matrix through its own block in file order, so the
+first questions of shard k>0 are decoded with a matrix that has not seen the
+earlier blocks. Tokens are unaffected (lossless); MAT can be slightly lower than a
+single run's: ``evaluation.speed`` on the merged and a single run shows by how much.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from evaluation.answers import ANSWERS, SUMMARY, read_answers, write_json_atomic
+from evaluation.errors import HarnessError, exit_on_error
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def merge(shard_dirs: list[Path], out: Path) -> Path:
+    from evaluation.run import comparable
+
+    summaries = []
+    for d in shard_dirs:
+        f = d / SUMMARY
+        if not f.is_file():
+            raise HarnessError(f"{d} is not a run folder (no {SUMMARY})")
+        summaries.append(json.loads(f.read_text()))
+    first = summaries[0]
+    base = _flat(comparable(first["config"]))
+    for d, s in zip(shard_dirs, summaries):
+        mine = _flat(comparable(s["config"]))
+        diff = sorted(k for k in base.keys() | mine.keys() if base.get(k) != mine.get(k))
+        if diff:
+            k = diff[0]
+            raise HarnessError(f"{d} is a shard of another run: {k} is {mine.get(k)!r} there but "
+                               f"{base.get(k)!r} in {shard_dirs[0]} ({len(diff)} setting(s) differ)")
+        if s["shard"]["selection"] != first["shard"]["selection"] or s["shard"]["count"] != first["shard"]["count"]:
+            raise HarnessError(f"{d} splits another selection of questions or into another number of shards")
+        if s.get("status") != "finished":
+            raise HarnessError(f"{d} has not finished (status {s.get('status')!r}); resume it with the same command")
+    count = first["shard"]["count"]
+    index: dict[int, tuple[Path, dict]] = {}
+    for d, s in zip(shard_dirs, summaries):
+        i = s["shard"]["index"]
+        if i in index:
+            raise HarnessError(f"shard {i} of {count} is given twice: {index[i][0]} and {d}")
+        index[i] = d, s
+    missing = sorted(set(range(count)) - set(index))
+    if missing:
+        raise HarnessError(f"shard(s) {missing} of {count} are missing; give all {count} shard folders")
+    by_id, where = {}, {}
+    for d in shard_dirs:
+        for rec in read_answers(d):
+            qid = rec["question_id"]
+            if qid in by_id:
+                raise HarnessError(f"question {qid} is answered by two shards: {where[qid]} and {d}")
+            by_id[qid], where[qid] = rec, d
+    selection = first["shard"]["selection"]
+    unanswered = [q for q in selection if q not in by_id]
+    if unanswered:
+        raise HarnessError(f"questions {unanswered[:10]} of the selection have no answer in any shard")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (ANSWERS + ".tmp")
+    tmp.write_text("".join(json.dumps(by_id[q], ensure_ascii=False) + "\n" for q in selection))
+    os.replace(tmp, out / ANSWERS)
+    merged = {k: v for k, v in first.items() if k not in ("shard", "environment", "method_state")}
+    merged.update(status="finished", questions=len(selection), answered=len(selection),
+                  shards=[{"folder": str(d), "environment": s["environment"], "method_state": s.get("method_state")}
+                          for _, (d, s) in sorted(index.items())])
+    write_json_atomic(out / SUMMARY, merged)
+    return out
+
+
+@exit_on_error
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shards", nargs="+", help="the shard run folders")
+    ap.add_argument("--out", required=True, help="folder for the merged answers.jsonl and summary.json")
+    args = ap.parse_args(argv)
+    out = merge([Path(s) for s in args.shards], Path(args.out))
+    print(f"merged {len(args.shards)} shards -> {out / ANSWERS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

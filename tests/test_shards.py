@@ -1,0 +1,95 @@
+"""One run split into shards and merged equals the single-process run; every refused merge says why."""
+import json
+import shutil
+
+import pytest
+
+from evaluation.answers import read_answers
+from evaluation.data import shard
+from evaluation.errors import HarnessError
+from evaluation.merge import merge
+from tests.test_cli import cli
+
+QIDS = [81, 161, 241, 321, 401]
+
+
+def run(out, *extra):
+    cli("evaluation.run", f"hydra.run.dir={out}", "warmup=1", "runtime.progress=false", "method=tr",
+        f"bench.question_ids=[{','.join(map(str, QIDS))}]", "bench.max_new_tokens=12", *extra)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    single = run(root / "single")
+    shards = [run(root / f"shard{i}", f"runtime.shard={i}", "runtime.num_shards=2") for i in range(2)]
+    return root, single, shards
+
+
+def test_shards_are_contiguous_blocks():
+    assert shard(QIDS, 0, 2) == [81, 161, 241] and shard(QIDS, 1, 2) == [321, 401]
+    assert shard(QIDS, 0, 1) == QIDS
+    with pytest.raises(HarnessError, match="runtime.shard must be an integer from 0 to 1"):
+        shard(QIDS, 2, 2)
+    with pytest.raises(HarnessError, match="runtime.num_shards must be an integer of at least 1"):
+        shard(QIDS, 0, 0)
+
+
+def test_merged_shards_equal_the_single_run(runs, tmp_path):
+    root, single, shards = runs
+    assert [r["question_id"] for r in read_answers(shards[0])] == [81, 161, 241]
+    merged = merge(shards[::-1], tmp_path / "merged")  # order of the folders does not matter
+    a, b = read_answers(single), read_answers(merged)
+    assert [r["question_id"] for r in b] == QIDS
+    for x, y in zip(a, b):
+        assert x["choices"][0]["token_ids"] == y["choices"][0]["token_ids"]
+    summary = json.loads((merged / "summary.json").read_text())
+    assert summary["answered"] == len(QIDS) and len(summary["shards"]) == 2
+    # the first shard is the single run's beginning exactly (same warm-up, same order)
+    for x, y in zip(a[:3], b[:3]):
+        assert x["choices"][0]["accept_lengths"] == y["choices"][0]["accept_lengths"]
+
+
+def test_refused_merges(runs, tmp_path):
+    root, single, shards = runs
+    with pytest.raises(HarnessError, match=r"shard\(s\) \[1\] of 2 are missing"):
+        merge(shards[:1], tmp_path / "m1")
+    with pytest.raises(HarnessError, match="shard 0 of 2 is given twice"):
+        merge([shards[0], shards[0]], tmp_path / "m2")
+    with pytest.raises(HarnessError, match="splits another selection|another number of shards"):
+        merge([shards[0], single], tmp_path / "m3")
+    other = tmp_path / "other"
+    shutil.copytree(shards[1], other)
+    s = json.loads((other / "summary.json").read_text())
+    s["config"]["method"]["k"] = 4
+    (other / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(HarnessError, match="is a shard of another run: method.k is 4 there but 8"):
+        merge([shards[0], other], tmp_path / "m4")
+    s["config"]["method"]["k"] = 8
+    s["status"] = "running"
+    (other / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(HarnessError, match="has not finished"):
+        merge([shards[0], other], tmp_path / "m5")
+    s["status"] = "finished"
+    (other / "summary.json").write_text(json.dumps(s))
+    with open(other / "answers.jsonl", "a") as f:  # shard 1 also answers question 81
+        f.write(json.dumps(read_answers(shards[0])[0]) + "\n")
+    with pytest.raises(HarnessError, match="question 81 is answered by two shards"):
+        merge([shards[0], other], tmp_path / "m6")
+    for m in ("m1", "m2", "m3", "m4", "m5", "m6"):
+        assert not (tmp_path / m / "answers.jsonl").exists()
+
+
+def test_merge_cli_message(runs, tmp_path):
+    _, _, shards = runs
+    p = cli("evaluation.merge", str(shards[0]), "--out", str(tmp_path / "m"), check=False)
+    assert p.returncode == 2 and "are missing" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_sweep_through_the_joblib_launcher(tmp_path):
+    """Two jobs of a sweep in parallel local processes, collected into the sweep table."""
+    cli("evaluation.run", "-m", "cluster=joblib", "method=tr", "method.start=hot,cold", f"hydra.sweep.dir={tmp_path}",
+        "warmup=0", "runtime.progress=false", "bench.question_ids=[161]", "bench.max_new_tokens=4")
+    table = (tmp_path / "sweep.md").read_text().splitlines()
+    assert len(table) == 4 and {line.split("|")[7].strip() for line in table[2:]} == {"hot", "cold"}
