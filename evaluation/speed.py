@@ -33,8 +33,11 @@ def label(records: list[dict], path: str) -> str:
 def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
     base = read_answers(baseline) if baseline else None
     tables = []
-    for path in runs:
-        recs = read_answers(path)
+    records = [read_answers(path) for path in runs]
+    labels = [label(recs, path) for recs, path in zip(records, runs)]
+    twice = {name for name in labels if labels.count(name) > 1}  # two runs of one method: add their folders
+    labels = [f"{name} ({answer_file(run).parent.name})" if name in twice else name for name, run in zip(labels, runs)]
+    for path, recs, name in zip(runs, records, labels):
         if base is not None:
             mine, theirs = {r.get("model_id") for r in recs}, {r.get("model_id") for r in base}
             if mine != theirs:
@@ -43,7 +46,7 @@ def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
             if not {r["question_id"] for r in recs} & {r["question_id"] for r in base}:
                 raise HarnessError(f"{path} and the baseline answer no question in common")
         t = task_table(recs, base).reset_index()
-        t.insert(0, "method", label(recs, path))
+        t.insert(0, "method", name)
         tables.append(t)
     return pd.concat(tables, ignore_index=True).rename(columns=COLUMNS)
 
