@@ -59,13 +59,13 @@ class PhaseTimer:
         self.seconds[phase] += time.perf_counter() - t
 
 
-def no_timer(phase: str):
-    return nullcontext()
-
-
 @torch.inference_mode()
 def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
-             turn: int = 0, timer=no_timer) -> Generation:
+             turn: int = 0, timer=nullcontext) -> Generation:
+    """Greedy-equivalent decoding of ``prompt_ids`` with ``proposer``'s drafts.
+
+    ``timer(phase)`` is a context manager around each phase; profiling passes a ``PhaseTimer``.
+    """
     device = model.device
     n_prompt = len(prompt_ids)
     ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
