@@ -20,13 +20,15 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from evaluation.data import load_bench
 from evaluation.equal import compare
 from evaluation.errors import exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import RESULTS, ROOT
-from evaluation.run import Runner, model_spec
+from evaluation.answers import SUMMARY, write_json_atomic
+from evaluation.run import Runner, environment, model_spec
 from evaluation.speed import markdown, speed_table
 from methods.decode import Generation
 
@@ -64,7 +66,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(RESULTS / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")))
     args = ap.parse_args(argv)
 
-    common = [f"bench={args.bench}", *args.set]
+    common = [f"bench={args.bench}", f"warmup={args.warmup}", *args.set]
     labels = [m.replace("method=", "").replace(" ", ",") for m in args.methods]
     cfgs = [config(common + m.split()) for m in args.methods]
     b = cfgs[0].bench
@@ -72,8 +74,10 @@ def main(argv=None) -> None:
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
     loaded = load_model(model_spec(cfgs[0]))
     runners = {label: Runner(cfg, loaded) for label, cfg in zip(labels, cfgs)}
+    run_cfgs = dict(zip(labels, cfgs))
     if args.generate:
-        runners[GENERATE] = GenerateRunner(config(common + ["method=vanilla"]), loaded)
+        run_cfgs[GENERATE] = config(common + ["method=vanilla"])
+        runners[GENERATE] = GenerateRunner(run_cfgs[GENERATE], loaded)
     for r in runners.values():
         for _ in range(args.warmup):
             r.answer(questions[0])
@@ -91,6 +95,13 @@ def main(argv=None) -> None:
     for label, recs in records.items():
         (out / label).mkdir(parents=True, exist_ok=True)
         (out / label / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        r = runners[label]
+        write_json_atomic(out / label / SUMMARY, {
+            "status": "finished", "model": r.spec.name, "method": label, "bench": b.name,
+            "questions": len(questions), "side_by_side": labels + ([GENERATE] if args.generate else []),
+            "config": OmegaConf.to_container(run_cfgs[label], resolve=True),
+            "environment": environment(loaded[2], next(loaded[0].parameters()).dtype),
+            "method_state": r.proposer.summary()})
     for label in records:
         _, total, mismatches, _ = compare(records[labels[0]], records[label])
         print(f"{label}: {total - len(mismatches)}/{total} turns token-identical to {labels[0]}")
