@@ -20,14 +20,16 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	$(PY) -m scripts.prepare
 
-# The main job: vanilla and Token Recycling on the smoke sample, the equality check, the speed table.
+# The main job: vanilla, Token Recycling, PLD and Lookahead on the smoke sample; each checked token by token
+# against vanilla; then the main table and the figures (results/reports/smoke/).
 # Run folders are named by their configuration, so a second `make run` resumes (here: reuses) them.
 SMOKE := results/runs/spec_bench_smoke/smollm2-135m
+METHODS := tr pld lookahead
 run: setup
 	$(PY) -m evaluation.run method=vanilla
-	$(PY) -m evaluation.run method=tr
-	$(PY) -m evaluation.equal $(SMOKE)/vanilla/default $(SMOKE)/tr/default
-	$(PY) -m evaluation.speed $(SMOKE)/tr/default --baseline $(SMOKE)/vanilla/default
+	for m in $(METHODS); do $(PY) -m evaluation.run method=$$m || exit 1; done
+	for m in $(METHODS); do $(PY) -m evaluation.equal $(SMOKE)/vanilla/default $(SMOKE)/$$m/default || exit 1; done
+	$(PY) -m evaluation.report $(foreach m,vanilla $(METHODS),$(SMOKE)/$(m)/default) --out results/reports/smoke
 
 test: setup
 	$(PY) -m pytest -q

@@ -12,6 +12,11 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 * **speedup** = tokens/s of the method / tokens/s of the baseline, over the
   questions both answered (paired by ``question_id``). Being lossless, both
   produce the same tokens, so this is the ratio of wall-clock times.
+* **repeats** (several runs of one configuration, as Spec-Bench's mean of 3): each
+  repeat's speedup is its tokens/s over the baseline's tokens/s averaged over the
+  baseline's repeats; tables give the mean and the sample standard deviation.
+* **accepted-length distribution** = share of steps by accept length, over the
+  same steps that MAT averages.
 * **speedup (Spec-Bench)** = mean over questions of per-question tokens/s of the
   method / the same mean for the baseline: the number Spec-Bench's speed script
   prints, kept beside ours so that published tables can be compared.
@@ -67,9 +72,49 @@ def task_table(records: list[dict], baseline: list[dict] | None = None) -> pd.Da
         if b is not None:
             base = _aggregate(b.loc[sel.index])
             row["baseline_tok_per_s"] = base["tok_per_s"]
+            row["baseline_mean_q_tok_per_s"] = base["mean_q_tok_per_s"]
             row["speedup"] = row["tok_per_s"] / base["tok_per_s"]
             row["speedup_specbench"] = row["mean_q_tok_per_s"] / base["mean_q_tok_per_s"]
         rows[name] = row
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "task"
     return df
+
+
+def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = None) -> pd.DataFrame:
+    """Per task and overall, the mean and spread of MAT, tokens/s and speedups over repeated runs.
+
+    ``runs`` are the repeats of one configuration, ``baselines`` the repeats of its baseline.
+    Columns: ``<metric>`` (mean over repeats) and ``<metric>_std`` (sample standard deviation,
+    NaN for a single run) for ``mat``, ``tok_per_s``, ``speedup`` and ``speedup_specbench``;
+    ``questions`` and ``repeats``. Worked example: two repeats at 10 and 12 tokens/s against
+    one baseline run at 5 tokens/s give speedup 2.2 with std 0.283 (= stdev of 2.0 and 2.4).
+    """
+    tables = []
+    for i, recs in enumerate(runs):
+        if baselines:
+            paired = [task_table(recs, b) for b in baselines]
+            t = paired[0][["questions", "mat", "tok_per_s", "mean_q_tok_per_s"]].copy()
+            base = sum(p["baseline_tok_per_s"] for p in paired) / len(paired)
+            base_q = sum(p["baseline_mean_q_tok_per_s"] for p in paired) / len(paired)
+            t["speedup"] = t["tok_per_s"] / base
+            t["speedup_specbench"] = t["mean_q_tok_per_s"] / base_q
+        else:
+            t = task_table(recs)
+        tables.append(t.assign(repeat=i))
+    long = pd.concat(tables).reset_index()
+    order = list(dict.fromkeys(long["task"]))
+    metrics = [c for c in ("mat", "tok_per_s", "speedup", "speedup_specbench") if c in long]
+    g = long.groupby("task", sort=False)
+    out = g[metrics].mean()
+    for c in metrics:
+        out[c + "_std"] = g[c].std(ddof=1)
+    out["questions"] = g["questions"].first()
+    out["repeats"] = g["repeat"].nunique()
+    return out.loc[order]
+
+
+def accept_histogram(records: list[dict]) -> pd.Series:
+    """Share of steps (0..1) by accepted length, indexed 1..longest: ``[1, 1, 3, 1]`` -> {1: 0.75, 3: 0.25}."""
+    lengths = pd.Series([a for r in records for a in r["choices"][0]["accept_lengths"]], dtype=int)
+    return lengths.value_counts(normalize=True).sort_index().rename("share")

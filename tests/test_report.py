@@ -1,0 +1,228 @@
+"""evaluation.report on small result sets with hand-computed numbers; Spec-Bench interchange; the notebook."""
+import json
+import math
+import os
+
+import pytest
+
+from evaluation import report as rp
+from evaluation.metrics import accept_histogram, repeat_table
+
+ENV = {"device": "cpu", "device_name": "x86_64", "cpu_threads": 2, "dtype": "float32", "torch": "2.13.0",
+       "transformers": "5.23.0"}
+BENCH = {"name": "tiny", "max_new_tokens": 20}
+
+
+def rec(qid, category, tokens, seconds, accepts, model="tiny-llama", text="x"):
+    """One answer record in Spec-Bench's format (one turn), plus nothing of ours."""
+    assert sum(accepts) == tokens
+    return {"question_id": qid, "category": category, "answer_id": f"a{qid}", "model_id": model, "tstamp": 0.0,
+            "choices": [{"index": 0, "turns": [text], "decoding_steps": [len(accepts)], "new_tokens": [tokens],
+                         "wall_time": [seconds], "accept_lengths": accepts}]}
+
+
+def write_run(folder, method, records, params=None, state=None, model="tiny-llama", env=ENV, bench=BENCH):
+    folder.mkdir(parents=True)
+    (folder / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "summary.json").write_text(json.dumps({
+        "status": "finished", "model": model, "method": method,
+        "config": {"method": {"name": method, **(params or {})}, "bench": bench},
+        "environment": env, "method_state": state or {}}))
+    return folder
+
+
+# Hand-computed set: vanilla 5 tok/s on both tasks; two repeats of tr.
+VANILLA = [rec(1, "qa", 10, 2.0, [1] * 10), rec(2, "rag", 20, 4.0, [1] * 20)]
+TR_A = [rec(1, "qa", 10, 1.0, [1, 4, 5]), rec(2, "rag", 20, 2.0, [1, 9, 10])]   # 10 and 10 tok/s
+TR_B = [rec(1, "qa", 10, 0.5, [1, 4, 5]), rec(2, "rag", 20, 4.0, [1, 9, 10])]   # 20 and 5 tok/s
+
+
+@pytest.fixture
+def runs(tmp_path):
+    write_run(tmp_path / "vanilla", "vanilla", VANILLA)
+    write_run(tmp_path / "tr" / "r1", "tr", TR_A, {"k": 8}, {"k": 8})
+    write_run(tmp_path / "tr" / "r2", "tr", TR_B, {"k": 8}, {"k": 8})
+    return tmp_path
+
+
+def test_main_table_equals_hand_computed_numbers(runs, tmp_path):
+    result = rp.report([str(runs)], tmp_path / "out", figures=False)
+    t = result["table"].set_index("method")
+    assert list(t.index) == ["vanilla", "tr"] and t.loc["tr", "repeats"] == 2
+    # qa: 2.0 and 4.0 -> mean 3, std sqrt(2); rag: 2.0 and 1.0; overall 30/3 and 30/4.5 tok/s over 30/6.
+    assert t.loc["tr", "qa"] == pytest.approx(3.0) and t.loc["tr", "qa_std"] == pytest.approx(math.sqrt(2))
+    assert t.loc["tr", "rag"] == pytest.approx(1.5) and t.loc["tr", "rag_std"] == pytest.approx(math.sqrt(0.5))
+    assert t.loc["tr", "speedup"] == pytest.approx((2.0 + 4 / 3) / 2)
+    assert t.loc["tr", "speedup_std"] == pytest.approx(abs(2.0 - 4 / 3) / math.sqrt(2))
+    assert t.loc["tr", "tok_per_s"] == pytest.approx((10 + 20 / 3) / 2)
+    assert t.loc["tr", "mat"] == pytest.approx(5.0) and t.loc["tr", "mat_std"] == pytest.approx(0.0)
+    assert t.loc["vanilla", "mat"] == 1.0 and t.loc["vanilla", "speedup"] == pytest.approx(1.0)
+    assert math.isnan(t.loc["vanilla", "speedup_std"])  # one run: no spread, and none is invented
+    md = (tmp_path / "out" / "main_table.md").read_text()
+    assert "| tiny-llama | tr | 3.00 ± 1.41× | 1.50 ± 0.71× | 5.00 ± 0.00 | 8.33 ± 2.36 | 1.67 ± 0.47× |" in md
+    csv = (tmp_path / "out" / "main_table.csv").read_text().splitlines()
+    assert csv[0].startswith("model,method,baseline,repeats,qa,qa_std,rag,rag_std,mat")
+
+
+def test_spec_bench_speedup_definition_beside_ours(runs, tmp_path):
+    stats = rp.report([str(runs / "vanilla"), str(runs / "tr" / "r1")], tmp_path / "o", figures=False)["stats"]
+    o = stats[(stats["method"] == "tr") & (stats["task"] == "overall")].iloc[0]
+    # Spec-Bench: mean per-question tok/s (10, 10) over the baseline's (5, 5) = 2.0; ours: 30/3 over 30/6 = 2.0.
+    assert o["speedup_specbench"] == pytest.approx(2.0) and o["speedup"] == pytest.approx(2.0)
+    b = rp.report([str(runs / "vanilla"), str(runs / "tr" / "r2")], tmp_path / "p", figures=False)["stats"]
+    o = b[(b["method"] == "tr") & (b["task"] == "overall")].iloc[0]
+    assert o["speedup_specbench"] == pytest.approx(((20 + 5) / 2) / 5) and o["speedup"] == pytest.approx(4 / 3)
+
+
+def test_latex_table_is_booktabs_and_marks_the_best(runs, tmp_path):
+    write_run(runs / "pld", "pld", [rec(1, "qa", 10, 1.5, [2, 8]), rec(2, "rag", 20, 1.0, [20])])
+    rp.report([str(runs)], tmp_path / "out", figures=False)
+    tex = (tmp_path / "out" / "main_table.tex").read_text()
+    for part in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{llrrrrr}", r"tiny-llama"):
+        assert part in tex
+    rows = {line.split(" & ")[1]: line for line in tex.splitlines() if line.startswith("tiny-llama")}
+    assert r"\textbf{4.00$\times$}" in rows["pld"]            # rag: pld 20 tok/s over 5 beats tr's 1.50
+    assert r"\textbf{3.00 $\pm$ 1.41$\times$}" in rows["tr"]  # qa: tr beats pld's 1.33
+    assert r"\textbf" not in rows["vanilla"]
+
+
+def test_labels_tell_configurations_apart(runs, tmp_path):
+    write_run(runs / "tr_k4", "tr", TR_A, {"k": 4}, {"k": 4})
+    labels = list(rp.report([str(runs)], tmp_path / "o", figures=False)["table"]["method"])
+    assert labels == ["vanilla", "tr (k=8)", "tr (k=4)"]
+
+
+def test_accept_histogram_and_repeats():
+    h = accept_histogram(TR_A)
+    assert h.to_dict() == pytest.approx({1: 2 / 6, 4: 1 / 6, 5: 1 / 6, 9: 1 / 6, 10: 1 / 6})
+    t = repeat_table([TR_A, TR_B], [VANILLA, VANILLA])
+    assert t.loc["overall", "speedup"] == pytest.approx((2.0 + 4 / 3) / 2) and t.loc["overall", "repeats"] == 2
+
+
+def test_figures_for_methods_and_ablations(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "vanilla", "vanilla", VANILLA)
+    for k, secs in ((2, 3.0), (4, 2.0), (8, 1.5)):
+        write_run(root / f"k{k}", "tr", [rec(1, "qa", 10, secs / 2, [1, 4, 5]), rec(2, "rag", 20, secs, [1, 9, 10])],
+                  {"k": k, "tree": "paper", "start": "hot"}, {"k": k, "tree_nodes": 81, "tree_depth": 6})
+    for name, nodes, depth in (("small", 31, 6), ("deep", 81, 8)):
+        write_run(root / name, "tr", [rec(1, "qa", 10, 1.0, [2, 8]), rec(2, "rag", 20, 2.0, [10, 10])],
+                  {"k": 8, "tree": name, "start": "hot"}, {"k": 8, "tree_nodes": nodes, "tree_depth": depth})
+    for start in ("cold", "prompt"):
+        write_run(root / start, "tr", TR_A, {"k": 8, "tree": "paper", "start": start},
+                  {"k": 8, "tree_nodes": 81, "tree_depth": 6})
+    out = tmp_path / "out"
+    files = rp.report([str(root)], out)["files"]
+    for name in ("speedup_per_task", "accept_lengths", "ablation_k", "ablation_tree_size", "ablation_tree_depth",
+                 "start_policies"):
+        for ext in ("png", "pdf"):
+            assert out / f"{name}.{ext}" in files and (out / f"{name}.{ext}").stat().st_size > 5000, name
+    env = json.loads((out / "environment.json").read_text())
+    assert "cpu x86_64, 2 threads, float32, torch 2.13.0" in env["environment"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no_baseline", "no vanilla run of model other-llama (runs: tr); add that model's vanilla run"),
+    ("baseline_of_other_model", "is a run of ['tiny-llama'] but tr runs other-llama"),
+    ("not_repeats", "are both tr on tiny-llama but answer different questions"),
+    ("missing", "does not exist"),
+    ("disjoint", "answer no question in common"),
+])
+def test_a_set_that_cannot_make_a_table_is_refused(tmp_path, capsys, case, message):
+    write_run(tmp_path / "vanilla", "vanilla", VANILLA)
+    args = [str(tmp_path / "vanilla")]
+    if case in ("no_baseline", "baseline_of_other_model"):
+        write_run(tmp_path / "other", "tr", TR_A, model="other-llama")
+        args += [str(tmp_path / "other")] + (["--baseline", str(tmp_path / "vanilla")]
+                                              if case == "baseline_of_other_model" else [])
+    elif case == "not_repeats":
+        write_run(tmp_path / "a", "tr", TR_A)
+        write_run(tmp_path / "b", "tr", TR_A[:1])
+        args += [str(tmp_path / "a"), str(tmp_path / "b")]
+    elif case == "missing":
+        args += [str(tmp_path / "nowhere")]
+    else:
+        write_run(tmp_path / "a", "tr", [rec(9, "qa", 10, 1.0, [1, 4, 5])])
+        args += [str(tmp_path / "a")]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        rp.main(args + ["--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()  # nothing half-written
+
+
+def test_reads_spec_bench_answer_files(tmp_path):
+    """Files written by Spec-Bench's own harness: its fields only, named <model>-<method>-<dtype>.jsonl."""
+    folder = tmp_path / "model_answer"
+    folder.mkdir()
+    for name, recs in (("vicuna-7b-v1.3-vanilla-float16", VANILLA), ("vicuna-7b-v1.3-tr-float16", TR_A)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps({**r, "model_id": name}) + "\n" for r in recs))
+    base = folder / "vicuna-7b-v1.3-vanilla-float16.jsonl"
+    result = rp.report([f"tr={folder / 'vicuna-7b-v1.3-tr-float16.jsonl'}"], tmp_path / "out", baseline=str(base))
+    t = result["table"].set_index("method")
+    assert list(t.index) == ["vicuna-7b-v1.3-vanilla-float16", "tr"]
+    assert t.loc["tr", "speedup"] == pytest.approx(2.0) and t.loc["tr", "mat"] == pytest.approx(5.0)
+    assert "environment not recorded" in rp.environment_line(result["groups"])
+    # Without a baseline named, the message says how to give one.
+    with pytest.raises(rp.HarnessError, match="name a baseline with --baseline RUN"):
+        rp.report([str(folder)], tmp_path / "o2")
+
+
+def spec_bench_speed(path, base_path, task):
+    """Spec-Bench's speed computation as its README and GUIDE section 5 define it, from its own fields only."""
+    mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+    def rows(p):
+        recs = [json.loads(line) for line in open(p)]
+        return [r for r in recs if task == "overall" or r["category"] == task or (task == "mt_bench"
+                                                                                  and r["category"] in mt)]
+
+    mine, base = rows(path), rows(base_path)
+    speeds = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in mine]
+    speeds0 = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in base]
+    accepts = [a for r in mine for a in r["choices"][0]["accept_lengths"]]
+    return sum(accepts) / len(accepts), (sum(speeds) / len(speeds)) / (sum(speeds0) / len(speeds0))
+
+
+def test_our_answer_files_read_as_spec_bench_files(tmp_path):
+    """A real run's answer file through Spec-Bench's definitions gives the numbers our report gives beside ours."""
+    from tests.test_cli import cli, run_args
+
+    runs = {}
+    for method in ("vanilla", "pld"):
+        runs[method] = tmp_path / method
+        cli(*run_args(runs[method], f"method={method}", "bench.question_ids=[81,161,401]"))
+    for method, folder in runs.items():
+        for line in (folder / "answers.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            c = r["choices"][0]
+            assert isinstance(r["question_id"], int) and isinstance(r["category"], str) and r["model_id"]
+            assert len(c["turns"]) == len(c["new_tokens"]) == len(c["wall_time"]) == len(c["decoding_steps"])
+            assert all(isinstance(t, str) for t in c["turns"])
+            assert sum(c["decoding_steps"]) == len(c["accept_lengths"]) and sum(c["accept_lengths"]) == sum(
+                c["new_tokens"])
+    stats = rp.report([str(runs["vanilla"]), str(runs["pld"])], tmp_path / "out", figures=False)["stats"]
+    for task in ("mt_bench", "translation", "math_reasoning", "overall"):
+        mat, speedup = spec_bench_speed(runs["pld"] / "answers.jsonl", runs["vanilla"] / "answers.jsonl", task)
+        row = stats[(stats["method"] == "pld") & (stats["task"] == task)].iloc[0]
+        assert row["mat"] == pytest.approx(mat) and row["speedup_specbench"] == pytest.approx(speedup)
+
+
+def test_notebook_runs_on_a_tiny_result_set(runs, tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from evaluation.paths import ROOT
+
+    # The kernel imports the project as an installed package would be (make setup installs it editable).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("REPORT_RUNS", os.pathsep.join([str(runs / "vanilla"), str(runs / "tr")]))
+    monkeypatch.setenv("REPORT_OUT", str(tmp_path / "nb"))
+    nb = nbformat.read(ROOT / "notebooks" / "report.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(o.get("text", "") + json.dumps(o.get("data", {}), ensure_ascii=False) for c in nb.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert "3.00 ± 1.41×" in text and "image/png" in text
+    assert (tmp_path / "nb" / "speedup_per_task.pdf").exists()
