@@ -88,7 +88,7 @@ class Runner:
         self.method, params = method_params(cfg)
         self.model, self.tok, self.device = loaded or load_model(self.spec)
         check_template(self.spec.template, self.tok)
-        self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size,
+        self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size, target=self.model,
                                        device=self.device)
         self.stop_ids = stop_token_ids(self.model, self.tok)
         self.context = max_context(self.model, self.spec)

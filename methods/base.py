@@ -32,16 +32,20 @@ class Verification:
     logits: torch.Tensor  # [n, vocab] target logits at every node of the draft
     argmax: torch.Tensor  # [n] long, the target's greedy next token at every node
     topk: torch.Tensor | None = None  # [n, proposer.topk] long, top tokens per node, for proposers that ask
+    hidden: torch.Tensor | None = None  # [len(path), hidden] target's last hidden states on the path, if asked
 
 
 class Proposer:
     """Interface every method implements.
 
-    * ``reset(prompt_ids, turn, prompt_logits)`` after the prefill of every request
-      (``turn`` counts from 0 within a question); methods that keep state across
-      requests (Token Recycling's hot start) decide here what to keep.
+    * ``reset(prompt_ids, turn, prompt_logits, prompt_hidden)`` after the prefill of
+      every request (``turn`` counts from 0 within a question); methods that keep state
+      across requests (Token Recycling's hot start) decide here what to keep.
       ``prompt_logits`` ([prompt_len, vocab]) is given only to methods that set
       ``wants_prompt_logits``: the other prefills compute the last position only.
+      ``prompt_hidden`` ([prompt_len, hidden], the target's last hidden states, what its
+      lm_head reads) only to methods that set ``wants_hidden``, which also get the
+      accepted path's hidden states in every ``Verification``.
     * ``propose(context)``: ``context`` is the committed sequence, prompt included,
       whose last element is the root. Returns a ``Draft``.
     * ``update(draft, result)``: learn from the verification of that draft.
@@ -49,9 +53,12 @@ class Proposer:
 
     name: ClassVar[str]
     wants_prompt_logits: ClassVar[bool] = False
+    wants_hidden: ClassVar[bool] = False
+    needs_target: ClassVar[bool] = False  # build() gets the target model (EAGLE shares its embeddings, lm_head)
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
 
-    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
+              prompt_hidden: torch.Tensor | None = None) -> None:
         pass
 
     def propose(self, context: torch.Tensor) -> Draft:
@@ -90,9 +97,17 @@ def known_methods() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.device) -> Proposer:
-    """Instantiate method ``name`` with its parameters (plain Python values, validated by the method)."""
+def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.device, target=None) -> Proposer:
+    """Instantiate method ``name`` with its parameters (plain Python values, validated by the method).
+
+    ``target`` (the target model) goes only to methods that set ``needs_target``.
+    """
     known = known_methods()
     if name not in _REGISTRY:
         raise ConfigError(f"unknown method '{name}'; known: {', '.join(known)}")
-    return _REGISTRY[name].build(params, vocab_size=vocab_size, device=device)
+    cls = _REGISTRY[name]
+    if cls.needs_target:
+        if target is None:
+            raise ConfigError(f"method '{name}' drafts with the target model's own layers; build it with target=")
+        return cls.build(params, vocab_size=vocab_size, device=device, target=target)
+    return cls.build(params, vocab_size=vocab_size, device=device)

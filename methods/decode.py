@@ -88,9 +88,10 @@ def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens
     _sync(device)
     t0 = time.perf_counter()
     # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
-    full = proposer.wants_prompt_logits
-    out = model(input_ids=ids[None, :n_prompt], past_key_values=cache, use_cache=True, logits_to_keep=0 if full else 1)
-    proposer.reset(ids[:n_prompt], turn, out.logits[0] if full else None)
+    full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
+    out = model(input_ids=ids[None, :n_prompt], past_key_values=cache, use_cache=True, logits_to_keep=0 if full else 1,
+                output_hidden_states=hidden)
+    proposer.reset(ids[:n_prompt], turn, out.logits[0] if full else None, out.hidden_states[-1][0] if hidden else None)
     done = commit([int(out.logits[0, -1].argmax())])
     _sync(device)
     t1 = time.perf_counter()
@@ -99,7 +100,7 @@ def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens
         with timer("propose"):
             draft = proposer.propose(ids[: n_prompt + len(new)])
         # 3. Verify it in one forward; the cache keeps the accepted path only.
-        result = verify(model, cache, draft, timer, proposer.topk)
+        result = verify(model, cache, draft, timer, proposer.topk, hidden)
         # 4. Let the proposer learn from every node's logits.
         with timer("update"):
             proposer.update(draft, result)

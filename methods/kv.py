@@ -19,6 +19,11 @@ def length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
+def truncate(cache: DynamicCache, n: int) -> None:
+    """Drop every entry from slot ``n`` on (a draft model's scratch entries after a proposal)."""
+    commit(cache, n, [])
+
+
 def commit(cache: DynamicCache, start: int, keep: list[int]) -> None:
     """Keep, of the entries written from slot ``start`` on, only the nodes ``keep``.
 

@@ -83,7 +83,8 @@ class Lookahead(Proposer):
                 raise ConfigError(f"method.{key} must be an integer from {lowest[key]} to 64, got {value!r}")
         return cls(values["level"], values["window"], values["guess"], device)
 
-    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
+              prompt_hidden: torch.Tensor | None = None) -> None:
         gen = torch.Generator().manual_seed(0)
         picks = torch.randint(len(prompt_ids), (self.window,), generator=gen)
         self.rows = [prompt_ids.cpu()[picks].tolist()]

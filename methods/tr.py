@@ -110,7 +110,8 @@ class TokenRecycling(Proposer):
             raise TreeError(f"tree '{tree_name}' has no draft nodes; TR needs at least one")
         return cls(vocab_size, k, tree, str(tree_name), start, device)
 
-    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
+              prompt_hidden: torch.Tensor | None = None) -> None:
         if self.start != "hot" and turn == 0:
             self.M.zero_()
         if prompt_logits is not None:

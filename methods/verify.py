@@ -70,17 +70,18 @@ def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree,
 
 
 @torch.inference_mode()
-def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0) -> Verification:
+def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool = False) -> Verification:
     """Forward ``draft`` after the cached prefix, accept, and leave only the accepted path in the cache.
 
     ``timer(phase)`` is a context manager that profiling code passes in (``methods.decode.PhaseTimer``);
-    ``topk > 0`` also returns every node's top-k tokens (``Proposer.topk``).
+    ``topk > 0`` also returns every node's top-k tokens (``Proposer.topk``); ``hidden`` the target's
+    last hidden states on the accepted path (``Proposer.wants_hidden``).
     """
     tree, past = draft.tree, kv.length(cache)
     ids = draft.tokens.view(1, -1)
     with timer("forward"):
         if tree.is_chain:
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=hidden)
         else:
             out = model(
                 input_ids=ids,
@@ -88,6 +89,7 @@ def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0) -> Veri
                 use_cache=True,
                 position_ids=(tree.depth + past).view(1, -1),
                 attention_mask=tree_mask(tree, past, out_dtype(model)),
+                output_hidden_states=hidden,
             )
     with timer("accept"):
         logits = out.logits[0]  # [n, vocab]
@@ -99,7 +101,8 @@ def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0) -> Veri
         path = tree.path_to(best)
     with timer("commit"):
         kv.commit(cache, past, path)
-    return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax, top)
+    states = out.hidden_states[-1][0, path] if hidden else None  # [len(path), hidden]
+    return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax, top, states)
 
 
 def out_dtype(model) -> torch.dtype:

@@ -45,6 +45,8 @@ def test_sample_is_stratified():
     ["method=pld", "method.max_ngram=1", "method.num_pred_tokens=4"],
     ["method=lookahead"],                            # the Spec-Bench leaderboard's level 5, window 7, guess 7
     ["method=lookahead", "method.level=3", "method.window=4", "method.guess=3"],
+    ["method=eagle", "method.head=random"],          # EAGLE-1's tree, a random head: lossless, only slow
+    ["method=eagle2", "method.head=random", "method.total_tokens=20"],
 ], ids=lambda o: ",".join(o))
 def test_method_is_lossless(reference, overrides):
     r = runner(*overrides)
@@ -54,4 +56,5 @@ def test_method_is_lossless(reference, overrides):
         assert got[qid]["token_ids"] == ref["token_ids"], f"question {qid}"
         assert got[qid]["turns"] == ref["turns"]
     accepted = [a for c in got.values() for a in c["accept_lengths"]]
-    assert max(accepted) > 1, "no draft was ever accepted: the proposer is not drafting"
+    if "method.head=random" not in overrides:  # a random head's drafts may all fail
+        assert max(accepted) > 1, "no draft was ever accepted: the proposer is not drafting"

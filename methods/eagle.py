@@ -1,0 +1,331 @@
+"""EAGLE (arXiv 2401.15077) and EAGLE-2 (arXiv 2406.16858): a one-layer draft head on the target's features.
+
+The head reads, at its position ``j``, the target's last hidden state ``f_j`` (after the
+final norm: what the target's lm_head reads) and the embedding of the next token
+``x_{j+1}``; it predicts ``f_{j+1}``, and the target's own lm_head turns the prediction
+into next-token logits. With ``L`` committed tokens (``x_{L-1}`` the root, not yet
+forwarded by the target)::
+
+    head position   0           1           ...  L-2
+    input           (f_0, x_1)  (f_1, x_2)  ...  (f_{L-2}, x_{L-1})
+    output          f~_1        f~_2        ...  f~_{L-1}  -> lm_head -> depth-1 drafts
+
+A draft node at depth ``d`` is fed (its parent's predicted feature, its own token) at
+head position ``L-2+d`` and sees the head's cache and its own draft ancestors: tree
+attention, as in the verifier. The head's cache keeps committed pairs only; the draft
+entries are dropped after each proposal (``kv.truncate``).
+
+* ``eagle``: a static tree (``data/trees/eagle.json``: 25 drafts, depth 5, ranks of
+  the head's top-k); each level is one head forward of the nodes that have children.
+* ``eagle2``: a dynamic tree: at each depth the ``topk`` candidates with the highest
+  cumulative log-probability are expanded (``topk`` children each), and the best
+  ``total_tokens - 1`` of all candidates by cumulative log-probability form the draft.
+
+The head's weights come from ``method.head``: a folder or hub id in the published
+layout (``config.json`` with ``pytorch_model.bin`` or ``model.safetensors``, keys
+``fc.*`` and ``layers.0.*``; GUIDE section 4), or ``random`` (still lossless, only slow).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from methods import kv
+from methods.base import ConfigError, Draft, Proposer, Verification, register
+from methods.tree import Tree, load_template
+from methods.verify import tree_mask
+
+ROOT = Path(__file__).resolve().parents[1]
+# Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.
+IGNORED = ("embed_tokens.weight", "rotary_emb.inv_freq")
+
+
+class EagleHead(nn.Module):
+    """``fc([token embedding, feature])`` then one Llama decoder layer without its input norm."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, layer_idx=0)])
+        self.layers[0].input_layernorm = nn.Identity()
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
+                mask: torch.Tensor, cache) -> torch.Tensor:
+        """[1, n, h] embeddings and features -> [1, n, h] predicted next features; appends n entries to ``cache``."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.layers[0](x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                              use_cache=True, position_embeddings=self.rotary(x, position_ids))
+
+
+def head_config(target_config, **overrides) -> LlamaConfig:
+    """The head's config: the target's attention and MLP shapes, one layer."""
+    c = target_config.to_dict()
+    c.update(num_hidden_layers=1, **overrides)
+    config = LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "model_type")})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    h, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    d = getattr(config, "head_dim", None) or h // heads
+    i = config.intermediate_size
+    return {
+        "fc.weight": (h, 2 * h), "fc.bias": (h,),
+        "layers.0.self_attn.q_proj.weight": (heads * d, h), "layers.0.self_attn.k_proj.weight": (kv_heads * d, h),
+        "layers.0.self_attn.v_proj.weight": (kv_heads * d, h), "layers.0.self_attn.o_proj.weight": (h, heads * d),
+        "layers.0.mlp.gate_proj.weight": (i, h), "layers.0.mlp.up_proj.weight": (i, h),
+        "layers.0.mlp.down_proj.weight": (h, i), "layers.0.post_attention_layernorm.weight": (h,),
+    }
+
+
+def _find(head: str) -> Path:
+    path = Path(head).expanduser()
+    if not path.is_absolute() and not path.exists() and (ROOT / path).exists():
+        path = ROOT / path
+    if path.is_dir():
+        return path
+    if path.suffix or head.startswith((".", "/", "~")) or head.count("/") != 1:
+        raise ConfigError(f"no EAGLE head at {head}; give a folder with config.json and pytorch_model.bin or "
+                          f"model.safetensors, a hub id, or method.head=random")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(head, allow_patterns=["config.json", "*.bin", "*.safetensors"]))
+    except Exception as e:  # offline, unknown repository, ...
+        raise ConfigError(f"could not fetch the EAGLE head '{head}' from the hub ({type(e).__name__}); download "
+                          f"it beforehand and give its folder as method.head=PATH") from None
+
+
+def load_head(head: str, target_config) -> EagleHead:
+    """Read a head in the published layout and check it against the target; a mismatch names key and shapes."""
+    folder = _find(head)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"EAGLE head {folder} has no config.json")
+    raw = json.loads(config_file.read_text())
+    if raw.get("hidden_size") != target_config.hidden_size or raw.get("vocab_size", target_config.vocab_size) \
+            != target_config.vocab_size:
+        raise ConfigError(f"EAGLE head {folder} is for hidden size {raw.get('hidden_size')} and vocabulary "
+                          f"{raw.get('vocab_size')}, the target has {target_config.hidden_size} and "
+                          f"{target_config.vocab_size}: give the head trained for this model")
+    config = head_config(target_config, **{k: raw[k] for k in (
+        "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+        "rope_theta", "rope_parameters", "max_position_embeddings") if k in raw})
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(folder / "model.safetensors")
+    elif (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ConfigError(f"EAGLE head {folder} has neither model.safetensors nor pytorch_model.bin")
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED)}
+    want = expected_shapes(config)
+    missing = sorted(set(want) - set(state))
+    if missing:
+        raise ConfigError(f"EAGLE head {folder} lacks {', '.join(missing)}: not a checkpoint in EAGLE's layout")
+    unknown = sorted(set(state) - set(want))
+    if unknown:
+        raise ConfigError(f"EAGLE head {folder} has keys this head does not know: {', '.join(unknown[:5])}")
+    for key, shape in want.items():
+        if tuple(state[key].shape) != shape:
+            raise ConfigError(f"EAGLE head {folder}: {key} has shape {tuple(state[key].shape)}, but the target "
+                              f"(hidden size {target_config.hidden_size}) needs {shape}")
+    model = EagleHead(config)
+    model.load_state_dict(state, strict=False)  # the rotary buffer is not in a checkpoint
+    return model
+
+
+def random_head(target_config, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(head_config(target_config))
+    head.apply(lambda m: nn.init.normal_(m.weight, std=0.02) if isinstance(m, nn.Linear) else None)
+    return head
+
+
+class _Eagle(Proposer):
+    """What both EAGLEs share: the head, its cache of committed pairs, and feeding it pairs."""
+
+    wants_hidden = True
+    needs_target = True
+    PARAMS: tuple[str, ...] = ()  # the subclass's own parameters
+
+    def __init__(self, head: EagleHead, target, width: int, head_name: str, device: torch.device):
+        self.device = device
+        self.head = head.to(device=device, dtype=next(target.parameters()).dtype).eval().requires_grad_(False)
+        self.embed = target.get_input_embeddings()  # shared with the target, as in EAGLE
+        self.lm_head = target.get_output_embeddings()
+        self.width, self.head_name = width, head_name  # width: candidates per node (EAGLE's top-k)
+        self.cache = None
+        self.pending: torch.Tensor | None = None  # [m, h] target features not yet fed to the head
+
+    @classmethod
+    def build(cls, params: dict, *, vocab_size: int, device: torch.device, target) -> "_Eagle":
+        params = dict(params)
+        head_name = params.pop("head", None)
+        width = params.pop("topk", 10)
+        seed = params.pop("seed", 0)
+        extra = {k: params.pop(k) for k in cls.PARAMS if k in params}
+        if params:
+            raise ConfigError(f"method '{cls.name}' has no parameter(s) {', '.join(sorted(params))}; "
+                              f"known: head, topk, seed, {', '.join(cls.PARAMS)}")
+        if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 64:
+            raise ConfigError(f"method.topk must be an integer from 1 to 64, got {width!r}")
+        if not head_name:
+            raise ConfigError(f"method '{cls.name}' needs a draft head and the model config names none: give "
+                              f"method.head=PATH (a folder in EAGLE's layout, or a hub id), train one with "
+                              f"python -m scripts.train_eagle, or method.head=random (lossless, slow)")
+        head = random_head(target.config, seed) if head_name == "random" else load_head(str(head_name), target.config)
+        return cls(head, target, width, str(head_name), device, **extra)
+
+    def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
+        self.cache = kv.new_cache(self.head)
+        self.pending = prompt_hidden
+
+    def update(self, draft: Draft, result: Verification) -> None:
+        self.pending = torch.cat([self.pending, result.hidden])
+
+    def _head(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, free: int,
+              allowed: torch.Tensor) -> torch.Tensor:
+        """Feed n (token [n], feature [n, h]) pairs at ``positions`` [n]; returns their predicted features [n, h].
+
+        Each pair sees the head's first ``free`` cache entries, and of the entries after them plus the n
+        new ones those marked in ``allowed`` [n, cached - free + n] (its draft ancestors and itself).
+        """
+        n, cached = len(tokens), kv.length(self.cache)
+        mask = torch.zeros(1, 1, n, cached + n, dtype=features.dtype, device=self.device)
+        mask[0, 0, :, free:].masked_fill_(~allowed, torch.finfo(features.dtype).min)
+        out = self.head(self.embed(tokens)[None], features[None], positions.view(1, -1), mask, self.cache)
+        return out[0]
+
+    def _catch_up(self, context: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Feed the committed pairs the head has not seen: (the root's predicted feature [h], head length)."""
+        start, n = kv.length(self.cache), len(self.pending)
+        assert start + n == len(context) - 1, "the head's pairs and the committed tokens are out of step"
+        chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        positions = torch.arange(start, start + n, device=self.device)
+        out = self._head(context[start + 1:], self.pending, positions, start, chain)
+        self.pending = self.pending[:0]
+        return out[-1], start + n
+
+    def summary(self) -> dict:
+        return {"head": self.head_name, "head_parameters": sum(p.numel() for p in self.head.parameters()),
+                "topk": self.width}
+
+
+@register
+class Eagle(_Eagle):
+    """EAGLE-1: a static draft tree whose node of rank r takes the r-th most likely token after its parent."""
+
+    name = "eagle"
+    PARAMS = ("tree",)
+
+    def __init__(self, head, target, width, head_name, device, tree: str = "eagle"):
+        super().__init__(head, target, width, head_name, device)
+        self.tree, self.tree_name = load_template(str(tree)).to(device), str(tree)
+        if int(self.tree.rank.max()) >= width:
+            raise ConfigError(f"tree '{tree}' uses ranks up to {int(self.tree.rank.max())}, which needs "
+                              f"method.topk > {int(self.tree.rank.max())} (got {width})")
+        parents, depth = self.tree.parents, self.tree.depth.tolist()
+        with_children = set(parents[1:])
+        # Per depth d >= 1: the nodes to forward (those with children), all forwarded nodes so far (the
+        # head cache's draft entries, in order), and for the nodes of depth d + 1 their parent's row.
+        self.first = torch.tensor([i for i, x in enumerate(depth) if x == 1], device=device)
+        self.levels, done = [], []
+        for d in range(1, self.tree.max_depth):
+            fwd = [i for i, x in enumerate(depth) if x == d and i in with_children]
+            kids = [i for i, x in enumerate(depth) if x == d + 1]
+            done = done + fwd
+            self.levels.append((d, torch.tensor(fwd, device=device), self.tree.ancestors[fwd][:, done],
+                                torch.tensor(kids, device=device),
+                                torch.tensor([fwd.index(parents[i]) for i in kids], device=device)))
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        tree, rank = self.tree, self.tree.rank
+        root, past = self._catch_up(context)
+        tokens = torch.empty(tree.size, dtype=torch.long, device=self.device)
+        tokens[0] = context[-1]
+        tokens[self.first] = self.lm_head(root).topk(self.width).indices[rank[self.first]]
+        features = root.expand(tree.size, -1).clone()  # [n, h] predicted feature after each node
+        for d, fwd, allowed, kids, parent_row in self.levels:
+            parent_features = features[tree.parent_index[fwd]]
+            out = self._head(tokens[fwd], parent_features, torch.full_like(fwd, past - 1 + d), past, allowed)
+            features[fwd] = out
+            top = self.lm_head(out).topk(self.width).indices  # [len(fwd), width]
+            tokens[kids] = top[parent_row, rank[kids]]
+        kv.truncate(self.cache, past)
+        return Draft(tokens, tree)
+
+    def summary(self) -> dict:
+        return {**super().summary(), "tree": self.tree_name, "tree_nodes": self.tree.size,
+                "tree_depth": self.tree.max_depth}
+
+
+@register
+class Eagle2(_Eagle):
+    """EAGLE-2: expand the ``topk`` best candidates of each depth, keep the best ``total_tokens - 1`` overall."""
+
+    name = "eagle2"
+    PARAMS = ("depth", "total_tokens")
+
+    def __init__(self, head, target, width, head_name, device, depth: int = 5, total_tokens: int = 60):
+        super().__init__(head, target, width, head_name, device)
+        for key, value, low in (("depth", depth, 1), ("total_tokens", total_tokens, 2)):
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
+                raise ConfigError(f"method.{key} must be an integer from {low} to 1024, got {value!r}")
+        self.depth, self.total = depth, total_tokens
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        root, past = self._catch_up(context)
+        # Candidates, host-side: token, parent (candidate index; 0 = root), cumulative log-probability, depth.
+        tok, par, score, dep = [int(context[-1])], [-1], [0.0], [0]
+        logp, top = torch.log_softmax(self.lm_head(root).float(), dim=-1).topk(self.width)
+        front = list(range(1, self.width + 1))
+        tok += top.tolist(); par += [0] * self.width; score += logp.tolist(); dep += [1] * self.width
+        front_features = root.expand(self.width, -1)
+        column: dict[int, int] = {}  # candidate -> its entry in the head cache after ``past``
+        for d in range(1, self.depth):
+            n_cached = len(column)
+            allowed = torch.zeros(len(front), n_cached + len(front), dtype=torch.bool)
+            for i, c in enumerate(front):
+                a = par[c]
+                while a > 0:
+                    allowed[i, column[a]] = True
+                    a = par[a]
+                allowed[i, n_cached + i] = True
+                column[c] = n_cached + i
+            positions = torch.full((len(front),), past - 1 + d, device=self.device)
+            out = self._head(torch.tensor([tok[c] for c in front], device=self.device), front_features, positions,
+                             past, allowed.to(self.device))
+            logp, top = torch.log_softmax(self.lm_head(out).float(), dim=-1).topk(self.width)  # [f, width]
+            cum = torch.tensor([score[c] for c in front], device=self.device)[:, None] + logp
+            base = len(tok)
+            tok += top.flatten().tolist()
+            par += [c for c in front for _ in range(self.width)]
+            score += cum.flatten().tolist()
+            dep += [d + 1] * cum.numel()
+            best = cum.flatten().topk(min(self.width, cum.numel())).indices
+            front_features = out[best // self.width]
+            front = [base + b for b in best.tolist()]
+        kv.truncate(self.cache, past)
+        # The best candidates by cumulative log-probability; a child never scores above its parent and ties go
+        # to the shallower node, so every prefix of this order holds each node's parent.
+        best = sorted(range(1, len(tok)), key=lambda c: (-score[c], dep[c], c))[: self.total - 1]
+        keep = sorted(best, key=lambda c: (dep[c], c))
+        index = {0: 0, **{c: i + 1 for i, c in enumerate(keep)}}
+        tree, order = Tree.breadth_first([-1] + [index[par[c]] for c in keep])
+        chosen = [0] + keep
+        tokens = torch.tensor([tok[chosen[i]] for i in order], device=self.device)
+        return Draft(tokens, tree.to(self.device))
+
+    def summary(self) -> dict:
+        return {**super().summary(), "depth": self.depth, "total_tokens": self.total}

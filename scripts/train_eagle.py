@@ -1,0 +1,302 @@
+"""Train an EAGLE draft head for any target model from the target's own hidden states.
+
+    python -m scripts.train_eagle [--model smollm2-135m] [--out data/eagle/smollm2-135m] [--minutes 40]
+
+1. Prompts: ``training_prompts()`` below, our own instruction templates crossed with our
+   own topics (writing, explanation, advice, translation, arithmetic word problems, code,
+   lists), plus summarisation and question answering over passages that the target wrote
+   in step 2. None is a Spec-Bench question (the tests check it).
+2. Responses: the target's own greedy answers (self-distillation: the head learns what the
+   target says, which is what it must draft), generated in batches.
+3. Features: one target forward over prompt + response gives ``f_j`` (the last hidden
+   state, what lm_head reads) and the target's greedy token after every position.
+4. Training: the head reads (f_j + noise, x_{j+1}) and predicts f_{j+1}; loss = smooth L1
+   on the feature + 0.1 x cross-entropy of lm_head(prediction) against the target's
+   greedy token (EAGLE's recipe), Adam, on the response part. Each epoch ends with the
+   validation figure on held-out sequences: the share of positions where the head's top
+   token equals the target's, for the first draft and for the third draft in a row
+   (the head fed its own predictions), and a checkpoint (fp16 safetensors + config.json,
+   the published layout, so ``method.head=<out>`` loads it).
+
+Generated data is cached under ``data/cache/eagle/<model>/``; a rerun trains from it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from torch.nn import functional as F
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from evaluation.errors import HarnessError, exit_on_error
+from evaluation.models import load_model
+from evaluation.paths import CACHE, ROOT
+from evaluation.prompts import prompt_ids
+from evaluation.run import model_spec
+from methods.eagle import EagleHead, expected_shapes, random_head
+
+TOPICS = [
+    "volcanoes", "the history of the bicycle", "honeybees", "solar panels", "the water cycle", "chess openings",
+    "public libraries", "the human heart", "coral reefs", "electric cars", "sourdough bread", "the moon landing",
+    "recycling plastic", "jazz music", "mountain hiking", "the printing press", "penguins", "cloud computing",
+    "learning a second language", "urban gardening", "earthquakes", "the Roman aqueducts", "sleep and memory",
+    "board games", "wind turbines", "the stock market", "photosynthesis", "marathon training", "lighthouses",
+    "video game design", "tea ceremonies", "rainforests", "3D printing", "time management", "the Silk Road",
+    "black holes", "vaccines", "minimalist living", "bridges", "origami",
+]
+TEMPLATES = [
+    "Write a short blog post about {t}.", "Explain {t} to a ten-year-old.", "Give me five interesting facts about {t}.",
+    "What are the advantages and disadvantages of {t}?", "Write a short poem about {t}.",
+    "Describe a typical day of someone whose job involves {t}.", "Write a persuasive paragraph about why {t} matters.",
+    "What are common misconceptions about {t}?", "Draft an email inviting a friend to a talk about {t}.",
+    "Write a dialogue between two students discussing {t}.", "Summarize the key ideas someone should know about {t}.",
+    "Create a quiz with three questions about {t}, with answers.",
+]
+TRANSLATE = ["Translate into French: 'The weather is lovely today, so we are going to the park.'",
+             "Translate into German: 'I would like to book a table for two at seven o'clock.'",
+             "Translate into Spanish: 'Reading every evening helps me relax after work.'",
+             "Translate into English: 'Je voudrais apprendre à jouer du piano cet été.'",
+             "Translate into English: 'Wir haben gestern einen langen Spaziergang am Fluss gemacht.'",
+             "Translate into Italian: 'My brother is studying engineering at the university.'"]
+CODE = ["Write a Python function that returns the n-th Fibonacci number.",
+        "Write a Python function that checks whether a string is a palindrome.",
+        "Write a JavaScript function that removes duplicates from an array.",
+        "Explain what a hash table is and write a tiny example in Python.",
+        "Write a SQL query that finds the ten most recent orders in a table called orders.",
+        "Write a Python script that counts the words in a text file."]
+
+
+def arithmetic(rng: random.Random, n: int) -> list[str]:
+    items = ["apples", "pencils", "books", "marbles", "stickers", "coins"]
+    out = []
+    for _ in range(n):
+        a, b, c = rng.randint(3, 60), rng.randint(2, 30), rng.randint(2, 9)
+        thing = rng.choice(items)
+        out.append(f"Sam has {a} {thing}. He buys {b} more and then gives away a {c}th of all of them, rounded "
+                   f"down. How many {thing} does he have left? Explain step by step.")
+    return out
+
+
+def training_prompts(seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    prompts = [t.format(t=topic) for topic in TOPICS for t in TEMPLATES]
+    return prompts + TRANSLATE + CODE + arithmetic(rng, 40)
+
+
+def passage_prompts(passages: list[str], seed: int = 0) -> list[str]:
+    """Summarisation and question answering over the target's own texts (the copying that RAG-like tasks need)."""
+    rng = random.Random(seed)
+    asks = ["Summarize the following text in two sentences.", "What is the main point of this text?",
+            "List three facts stated in the text below.", "Rewrite the following text for a younger audience."]
+    return [f"{rng.choice(asks)}\n\n{p}" for p in passages]
+
+
+def config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@torch.no_grad()
+def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: int, device) -> list[list[int]]:
+    """The target's greedy answers, batched (left padding); returns prompt + answer token ids per prompt."""
+    tok.padding_side = "left"
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = tok.eos_token_id
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths together: less padding
+    seqs = [None] * len(prompts)
+    for i in tqdm(range(0, len(order), batch), desc="responses", unit="batch"):
+        idx = order[i:i + batch]
+        ids = [prompt_ids(template, tok, [prompts[j]], []) for j in idx]
+        width = max(map(len, ids))
+        x = torch.tensor([[pad] * (width - len(s)) + s for s in ids], device=device)
+        attn = (torch.arange(width, device=device)[None] >= torch.tensor([width - len(s) for s in ids],
+                                                                           device=device)[:, None]).long()
+        gen = model.generate(x, attention_mask=attn, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
+        for j, s, row in zip(idx, ids, gen[:, width:].tolist()):
+            if eos in row:
+                row = row[: row.index(eos) + 1]
+            seqs[j] = (s, row)
+    out = [s + r for s, r in seqs]
+    return out, [len(s) for s, _ in seqs]
+
+
+@torch.no_grad()
+def features(model, seqs: list[list[int]], device) -> list[dict]:
+    """Per sequence: token ids, the target's last hidden states (fp16) and its greedy next token everywhere."""
+    data = []
+    for s in tqdm(seqs, desc="features", unit="seq"):
+        out = model(torch.tensor([s], device=device), output_hidden_states=True)
+        data.append({"ids": torch.tensor(s), "feats": out.hidden_states[-1][0].half().cpu(),
+                     "greedy": out.logits[0].argmax(-1).cpu()})
+    return data
+
+
+def build_data(model, tok, template: str, args, device) -> list[dict]:
+    cache = Path(args.data) if args.data else \
+        CACHE / "eagle" / args.model / f"data-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
+    if cache.is_file():
+        print(f"training data from {cache}")
+        return torch.load(cache, weights_only=False)
+    prompts = training_prompts()[: args.limit]
+    seqs, starts = respond(model, tok, template, prompts, args.max_new_tokens, args.batch, device)
+    texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
+    passages = [t for t, p in zip(texts, prompts) if p.startswith(("Write a short blog post", "Explain"))]
+    more, more_starts = respond(model, tok, template, passage_prompts(passages), args.max_new_tokens, args.batch,
+                                device)
+    data = features(model, seqs + more, device)
+    for d, start in zip(data, starts + more_starts):
+        d["start"] = start  # the loss covers the response
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, cache.with_suffix(".tmp"))
+    os.replace(cache.with_suffix(".tmp"), cache)
+    return data
+
+
+def causal(n: int, dtype) -> torch.Tensor:
+    return torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
+
+
+def head_pass(head: EagleHead, embed, d: dict, noise: float = 0.0) -> torch.Tensor:
+    """Teacher-forced: predicted features after positions 0..T-2 from (f_j, x_{j+1})."""
+    feats = d["feats"].float()[:-1]
+    if noise:
+        feats = feats + (torch.rand_like(feats) * 2 - 1) * noise * feats.pow(2).mean(-1, keepdim=True).sqrt()
+    n = len(feats)
+    return head(embed(d["ids"][1:])[None], feats[None], torch.arange(n)[None], causal(n, feats.dtype),
+                DynamicCache(config=head.config))[0]
+
+
+@torch.no_grad()
+def validate(head: EagleHead, embed, lm_head, data: list[dict], steps: int = 3) -> dict:
+    """Share of response positions where the head's top token is the target's greedy one: the first draft
+    (fed the target's feature) and the ``steps``-th draft in a row (fed its own predictions, as when drafting)."""
+    hit1 = hitk = total = totalk = 0
+    for d in data:
+        out = head_pass(head, embed, d)  # out[j] predicts f_{j+1}; its token is the greedy after position j+1
+        s = d["start"]
+        pred = lm_head(out[s - 1:-1]).argmax(-1)
+        hit1 += int((pred == d["greedy"][s:-1]).sum())
+        total += len(pred)
+        # Chains: from position j, draft `steps` tokens feeding predicted features; all must match.
+        for j in range(s - 1, len(d["ids"]) - steps - 1, 8):
+            cache = DynamicCache(config=head.config)
+            n = j + 1
+            prefix = head(embed(d["ids"][1:n + 1])[None], d["feats"].float()[None, :n], torch.arange(n)[None],
+                          causal(n, torch.float32), cache)[0, -1]
+            ok, feat = True, prefix
+            for k in range(steps):
+                tok_k = lm_head(feat).argmax()
+                if tok_k != d["greedy"][j + 1 + k]:
+                    ok = False
+                    break
+                feat = head(embed(tok_k.view(1, 1)), feat.view(1, 1, -1), torch.tensor([[n + k]]),
+                            torch.zeros(1, 1, 1, n + k + 1), cache)[0, -1]
+            hitk += ok
+            totalk += 1
+    return {"top1": hit1 / max(total, 1), f"chain{steps}": hitk / max(totalk, 1)}
+
+
+def save(head: EagleHead, out: Path, log: dict) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().half().contiguous() for k, v in head.state_dict().items() if k in expected_shapes(head.config)}
+    save_file(state, str(out / "model.safetensors.tmp"))
+    os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
+    c = head.config
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["EagleHead"], "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings, "rope_parameters": c.rope_parameters,
+        "torch_dtype": "float16"}, indent=2) + "\n")
+    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+
+
+@exit_on_error
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a model config name (conf/model/)")
+    ap.add_argument("--out", help="output folder (default: data/eagle/<model>)")
+    ap.add_argument("--max-new-tokens", type=int, default=160, help="length of the target's responses")
+    ap.add_argument("--batch", type=int, default=16, help="prompts per generation batch")
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--minutes", type=float, default=40.0, help="training time budget (data generation excluded)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--accumulate", type=int, default=4, help="sequences per optimiser step")
+    ap.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features, x feature RMS")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, help="use only the first N prompts (a quick check)")
+    ap.add_argument("--data", help="the generated-data file (default: data/cache/eagle/<model>/...)")
+    args = ap.parse_args(argv)
+    if args.epochs < 1 or args.minutes <= 0 or args.max_new_tokens < 1 or args.batch < 1:
+        raise HarnessError("--epochs, --minutes, --max-new-tokens and --batch must be positive")
+    out = Path(args.out) if args.out else ROOT / "data" / "eagle" / args.model
+    spec = model_spec(config([f"model={args.model}", "model.dtype=float32"]))
+    model, tok, device = load_model(spec)
+    t0 = time.time()
+    data = build_data(model, tok, spec.template, args, device)
+    data_minutes = (time.time() - t0) / 60
+    rng = random.Random(args.seed)
+    rng.shuffle(data)
+    n_val = max(4, len(data) // 20)
+    val, train = data[:n_val], data[n_val:]
+    tokens = sum(len(d["ids"]) - d["start"] for d in train)
+    print(f"{len(train)} training sequences ({tokens} response tokens), {len(val)} held out; "
+          f"data took {data_minutes:.1f} min")
+
+    head = random_head(model.config, args.seed).float().train()
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    steps_total = args.epochs * math.ceil(len(train) / args.accumulate)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps_total, pct_start=0.05)
+    log = {"model": args.model, "prompts": "scripts/train_eagle.py training_prompts() + passage_prompts()",
+           "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
+           "data_minutes": round(data_minutes, 2), "args": vars(args), "epochs": []}
+    start = time.time()
+    for epoch in range(args.epochs):
+        rng.shuffle(train)
+        bar = tqdm(train, desc=f"epoch {epoch + 1}/{args.epochs}", unit="seq")
+        for i, d in enumerate(bar):
+            out_f = head_pass(head, embed, d, args.noise)
+            s = d["start"]
+            target = d["feats"].float()[s:]  # f_{j+1} for j = s-1 .. T-2
+            pred = out_f[s - 1:]
+            loss = F.smooth_l1_loss(pred, target) + 0.1 * F.cross_entropy(lm_head(pred), d["greedy"][s:])
+            (loss / args.accumulate).backward()
+            if (i + 1) % args.accumulate == 0 or i + 1 == len(train):
+                torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad()
+                if sched.last_epoch + 1 < steps_total:
+                    sched.step()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if (time.time() - start) / 60 > args.minutes:
+                break
+        head.eval()
+        figures = validate(head, embed, lm_head, val)
+        head.train()
+        minutes = (time.time() - start) / 60
+        log["epochs"].append({"epoch": epoch + 1, "minutes": round(minutes, 2), "loss": round(loss.item(), 4),
+                              **{k: round(v, 4) for k, v in figures.items()}})
+        print(f"epoch {epoch + 1}: validation {figures} after {minutes:.1f} min")
+        save(head, out, log)
+        if minutes > args.minutes:
+            print(f"time budget of {args.minutes} min reached")
+            break
+    print(f"-> {out} (method=eagle method.head={out})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""EAGLE and EAGLE-2 on a tiny random Llama: the head loader, drafting against a from-scratch reference, losslessness."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import DynamicCache
+
+from methods.base import ConfigError, build_proposer
+from methods.decode import generate
+from methods.eagle import EagleHead, expected_shapes, head_config, load_head
+
+CPU = torch.device("cpu")
+
+
+def build(model, name="eagle", **params):
+    return build_proposer(name, {"head": "random", **params}, vocab_size=model.config.vocab_size, device=CPU,
+                          target=model)
+
+
+def write_checkpoint(folder, model, fmt="bin", drop=(), reshape=None, extra=None):
+    """A head in the published layout: config.json plus pytorch_model.bin or model.safetensors."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = head_config(model.config)
+    state = {k: torch.randn(s) * 0.02 for k, s in expected_shapes(cfg).items() if k not in drop}
+    state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()  # published heads carry it
+    if reshape:
+        state[reshape] = torch.zeros(3, 3)
+    state.update(extra or {})
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+        "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "num_hidden_layers": 1, "rms_norm_eps": cfg.rms_norm_eps}))
+    if fmt == "bin":
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        save_file(state, str(folder / "model.safetensors"))
+    return state
+
+
+@pytest.mark.parametrize("fmt", ["bin", "safetensors"])
+def test_loads_a_head_in_the_published_layout(tiny_model, tmp_path, fmt):
+    state = write_checkpoint(tmp_path / "head", tiny_model, fmt,
+                             extra={"layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)})
+    head = load_head(str(tmp_path / "head"), tiny_model.config)
+    assert torch.equal(head.fc.weight, state["fc.weight"])
+    assert torch.equal(head.layers[0].mlp.down_proj.weight, state["layers.0.mlp.down_proj.weight"])
+    assert isinstance(head.layers[0].input_layernorm, torch.nn.Identity)  # EAGLE's layer has no input norm
+    p = build_proposer("eagle", {"head": str(tmp_path / "head")}, vocab_size=96, device=CPU, target=tiny_model)
+    assert p.summary()["head"] == str(tmp_path / "head")
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(reshape="layers.0.mlp.up_proj.weight"), "layers.0.mlp.up_proj.weight has shape (3, 3), but the target "
+                                                 "(hidden size 64) needs (128, 64)"),
+    (dict(drop=("fc.bias", "layers.0.self_attn.q_proj.weight")), "lacks fc.bias, layers.0.self_attn.q_proj.weight"),
+    (dict(extra={"layers.1.mlp.up_proj.weight": torch.zeros(1)}), "keys this head does not know: layers.1.mlp"),
+])
+def test_a_wrong_checkpoint_is_refused_naming_key_and_shapes(tiny_model, tmp_path, case, message):
+    write_checkpoint(tmp_path / "head", tiny_model, **case)
+    with pytest.raises(ConfigError, match="EAGLE head") as e:
+        load_head(str(tmp_path / "head"), tiny_model.config)
+    assert message in str(e.value)
+
+
+def test_a_head_of_another_model_is_refused(tiny_model, tmp_path):
+    write_checkpoint(tmp_path / "head", tiny_model)
+    cfg = json.loads((tmp_path / "head" / "config.json").read_text())
+    (tmp_path / "head" / "config.json").write_text(json.dumps({**cfg, "hidden_size": 4096}))
+    with pytest.raises(ConfigError, match="for hidden size 4096 .* the target has 64"):
+        load_head(str(tmp_path / "head"), tiny_model.config)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"head": None}, "needs a draft head and the model config names none"),
+    ({"head": "random", "topk": 0}, "method.topk must be an integer from 1 to 64"),
+    ({"head": "random", "topk": 2}, "uses ranks up to 3, which needs method.topk > 3"),
+    ({"head": "/nowhere/head"}, "no EAGLE head at /nowhere/head"),
+    ({"head": "random", "k": 3}, "has no parameter(s) k"),
+])
+def test_bad_parameters(tiny_model, params, message):
+    with pytest.raises(ConfigError) as e:
+        build_proposer("eagle", params, vocab_size=96, device=CPU, target=tiny_model)
+    assert message in str(e.value)
+
+
+def reference_top(proposer, model, context, path_tokens):
+    """From scratch, no cache reuse: the head's top-k after the committed context and the draft tokens on a path."""
+    with torch.no_grad():
+        feats = model(context[None, :-1], output_hidden_states=True).hidden_states[-1][0]  # f_0 .. f_{L-2}
+        head, embed = proposer.head, model.get_input_embeddings()
+        cache = DynamicCache(config=head.config)
+        n = len(context) - 1
+        mask = torch.full((n, n), torch.finfo(feats.dtype).min).triu(1)[None, None]
+        out = head(embed(context[1:])[None], feats[None], torch.arange(n)[None], mask, cache)[0, -1]
+        for i, t in enumerate(path_tokens):  # each draft: (the previous predicted feature, its token)
+            out = head(embed(torch.tensor([[t]])), out.view(1, 1, -1), torch.tensor([[n + i]]),
+                       torch.zeros(1, 1, 1, n + i + 1), cache)[0, -1]
+        return model.get_output_embeddings()(out).topk(proposer.width).indices.tolist()
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle2"])
+def test_drafts_equal_a_from_scratch_reference(tiny_model, name):
+    """Every draft node holds its parent path's top-ranked continuation under the head, computed without caches."""
+    torch.manual_seed(1)
+    p = build(tiny_model, name, topk=4, **({"tree": "eagle"} if name == "eagle" else {"total_tokens": 12}))
+    prompt = [1, 5, 7, 9, 11, 13, 2, 4]
+    gen = generate(tiny_model, p, prompt, max_new_tokens=12, stop_ids=set())  # several steps: the cache in use
+    context = torch.tensor(prompt + gen.token_ids)
+    draft = p.propose(context)
+    tree, tokens = draft.tree, draft.tokens.tolist()
+    assert tokens[0] == context[-1]
+    if name == "eagle2":
+        assert tree.size == 12 and tree.max_depth <= 5
+    for v in range(1, tree.size):
+        path = tree.path_to(v)
+        top = reference_top(p, tiny_model, context, [tokens[u] for u in path[1:-1]])
+        if name == "eagle":
+            assert tokens[v] == top[int(tree.rank[v])], f"node {v}"
+        else:  # dynamic: one of the parent's top-k, siblings distinct
+            assert tokens[v] in top, f"node {v}"
+    siblings = {}
+    for v in range(1, tree.size):
+        siblings.setdefault(tree.parents[v], []).append(tokens[v])
+    assert all(len(s) == len(set(s)) for s in siblings.values())
+    assert p.cache.get_seq_length() == len(context) - 1  # drafts are dropped from the head's cache
+
+
+@pytest.mark.parametrize("name, params", [("eagle", {}), ("eagle2", {}), ("eagle2", {"depth": 2, "total_tokens": 5}),
+                                          ("eagle", {"topk": 4})])
+def test_lossless_with_a_random_head(tiny_model, name, params):
+    for prompt in ([1, 5, 7, 9, 11], [1, 2, 3] * 12, [1, 40, 41, 40, 41, 40]):
+        p = build(tiny_model, name, **params)
+        gen = generate(tiny_model, p, prompt, max_new_tokens=40, stop_ids={17})
+        ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=17)
+        assert gen.token_ids == ref[0, len(prompt):].tolist()
+        assert sum(gen.accept_lengths) == len(gen.token_ids)
+
+
+def test_a_head_that_knows_the_answer_gets_long_acceptances(tiny_model):
+    """Drafting is not only lossless but useful: a head trained on the target's own greedy text drafts it."""
+    torch.manual_seed(0)
+    prompt = [1, 5, 7, 9]
+    p = build(tiny_model, "eagle2", depth=4, total_tokens=16)
+    with torch.no_grad():
+        ids = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)[0]
+        feats = tiny_model(ids[None], output_hidden_states=True).hidden_states[-1][0]
+    head: EagleHead = p.head.train().requires_grad_(True)
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    n = len(ids) - 1
+    mask = torch.full((n, n), torch.finfo(feats.dtype).min).triu(1)[None, None]
+    lm = tiny_model.get_output_embeddings()
+    for _ in range(150):
+        out = head(tiny_model.get_input_embeddings()(ids[1:])[None].detach(), feats[None, :-1], torch.arange(n)[None],
+                   mask, DynamicCache(config=head.config))[0]
+        loss = (out[:-1] - feats[1:-1]).abs().mean() + 0.1 * torch.nn.functional.cross_entropy(lm(out[:-1]), ids[2:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    head.eval().requires_grad_(False)
+    gen = generate(tiny_model, p, prompt, max_new_tokens=60, stop_ids=set())
+    assert gen.token_ids == ids[len(prompt):].tolist()
+    assert len(gen.token_ids) / len(gen.accept_lengths) > 2.0
