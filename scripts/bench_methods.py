@@ -97,7 +97,8 @@ def main(argv=None) -> None:
         (out / label / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         r = runners[label]
         write_json_atomic(out / label / SUMMARY, {
-            "status": "finished", "model": r.spec.name, "method": label, "bench": b.name,
+            "status": "finished", "model": r.spec.name, "method": GENERATE if label == GENERATE else r.method,
+            "bench": b.name,
             "questions": len(questions), "side_by_side": labels + ([GENERATE] if args.generate else []),
             "config": OmegaConf.to_container(run_cfgs[label], resolve=True),
             "environment": environment(loaded[2], next(loaded[0].parameters()).dtype),

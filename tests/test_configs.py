@@ -61,7 +61,7 @@ def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_pat
 
 
 @pytest.mark.parametrize("experiment", names("experiment"))
-def test_every_experiment_point_composes_and_builds(experiment):
+def test_every_experiment_point_composes_and_builds(experiment, embedded):
     """Dry run: every point of every sweep composes and its method accepts its parameters."""
     import torch
 
@@ -81,4 +81,4 @@ def test_every_experiment_point_composes_and_builds(experiment):
         cfg = _compose(f"experiment={experiment}", *point)
         method = OmegaConf.to_container(cfg.method, resolve=True)
         name = method.pop("name")
-        build_proposer(name, method, vocab_size=49152, device=torch.device("cpu"))
+        build_proposer(name, method, vocab_size=49152, device=torch.device("cpu"), target=embedded[0])
