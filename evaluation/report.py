@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.answers import ANSWERS, SUMMARY, answer_file, read_answers
+from evaluation.answers import ANSWERS, SUMMARY, read_answers
 from evaluation.data import TASKS
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.metrics import OVERALL, accept_histogram, repeat_table

@@ -35,6 +35,14 @@ STATE = "proposer_state.pt"
 OmegaConf.register_new_resolver("or_default", lambda name: name or "default", replace=True)
 
 
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The runner's config for these overrides, outside a Hydra app (scripts and tests)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
 def model_spec(cfg: DictConfig) -> ModelSpec:
     raw = OmegaConf.to_container(cfg.model, resolve=True)
     known = {f.name for f in fields(ModelSpec)}

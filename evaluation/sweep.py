@@ -4,7 +4,8 @@
 
 A multirun (``python -m evaluation.run experiment=tr_k``) writes this table by
 itself when it ends (the ``SweepTable`` Hydra callback), as ``sweep.csv`` and
-``sweep.md`` in the sweep folder. Numbers come from ``evaluation.metrics``.
+``sweep.md`` in the sweep folder, and, given a baseline, the ``evaluation.report``
+tables and figures in ``report/`` beside them. Numbers come from ``evaluation.metrics``.
 """
 from __future__ import annotations
 
@@ -68,6 +69,14 @@ def write_table(root: Path, baseline: str | None) -> pd.DataFrame:
     (root / "sweep.md").write_text(md + "\n")
     print(md)
     print(f"-> {root / 'sweep.csv'}, {root / 'sweep.md'}")
+    if baseline:  # the paper outputs too: main table and figures (the ablation curves among them)
+        from evaluation.report import report
+
+        try:
+            files = report([str(root)], root / "report", baseline)["files"]
+            print(f"-> {root / 'report'}: {', '.join(f.name for f in files)}")
+        except HarnessError as e:
+            print(f"note: no report for this sweep: {e}")
     return table
 
 

@@ -38,7 +38,6 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from methods import kv
 from methods.base import ConfigError, Draft, Proposer, Verification, register
 from methods.tree import Tree, load_template
-from methods.verify import tree_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 # Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.

@@ -19,16 +19,15 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from evaluation.data import load_bench
 from evaluation.equal import compare
 from evaluation.errors import exit_on_error
 from evaluation.models import load_model
-from evaluation.paths import RESULTS, ROOT
 from evaluation.answers import SUMMARY, write_json_atomic
-from evaluation.run import Runner, environment, model_spec
+from evaluation.paths import RESULTS
+from evaluation.run import Runner, compose_config, environment, model_spec
 from evaluation.speed import markdown, speed_table
 from methods.decode import Generation
 
@@ -50,11 +49,6 @@ class GenerateRunner(Runner):
         return Generation(new, [1] * len(new), 0.0, time.perf_counter() - t, stop)
 
 
-def config(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 @exit_on_error
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -68,7 +62,7 @@ def main(argv=None) -> None:
 
     common = [f"bench={args.bench}", f"warmup={args.warmup}", *args.set]
     labels = [m.replace("method=", "").replace(" ", ",") for m in args.methods]
-    cfgs = [config(common + m.split()) for m in args.methods]
+    cfgs = [compose_config(common + m.split()) for m in args.methods]
     b = cfgs[0].bench
     questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
@@ -76,7 +70,7 @@ def main(argv=None) -> None:
     runners = {label: Runner(cfg, loaded) for label, cfg in zip(labels, cfgs)}
     run_cfgs = dict(zip(labels, cfgs))
     if args.generate:
-        run_cfgs[GENERATE] = config(common + ["method=vanilla"])
+        run_cfgs[GENERATE] = compose_config(common + ["method=vanilla"])
         runners[GENERATE] = GenerateRunner(run_cfgs[GENERATE], loaded)
     for r in runners.values():
         for _ in range(args.warmup):

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
@@ -40,7 +39,7 @@ from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import CACHE, ROOT
 from evaluation.prompts import prompt_ids
-from evaluation.run import model_spec
+from evaluation.run import compose_config, model_spec
 from methods.eagle import EagleHead, expected_shapes, random_head
 
 TOPICS = [
@@ -97,11 +96,6 @@ def passage_prompts(passages: list[str], seed: int = 0) -> list[str]:
     asks = ["Summarize the following text in two sentences.", "What is the main point of this text?",
             "List three facts stated in the text below.", "Rewrite the following text for a younger audience."]
     return [f"{rng.choice(asks)}\n\n{p}" for p in passages]
-
-
-def config(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 @torch.no_grad()
@@ -241,7 +235,7 @@ def main(argv=None) -> None:
     if args.epochs < 1 or args.minutes <= 0 or args.max_new_tokens < 1 or args.batch < 1:
         raise HarnessError("--epochs, --minutes, --max-new-tokens and --batch must be positive")
     out = Path(args.out) if args.out else ROOT / "data" / "eagle" / args.model
-    spec = model_spec(config([f"model={args.model}", "model.dtype=float32"]))
+    spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))
     model, tok, device = load_model(spec)
     t0 = time.time()
     data = build_data(model, tok, spec.template, args, device)

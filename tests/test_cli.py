@@ -210,3 +210,4 @@ def test_experiment_multirun_ends_in_a_table(vanilla_run, tmp_path):
     assert table[0].startswith("| run | method | k | tree |") and table[0].rstrip().endswith("| speedup |")
     assert {line.split("|")[7].strip() for line in table[2:]} == {"hot", "cold", "prompt"}
     assert "sweep.md" in p.stdout
+    assert (tmp_path / "report" / "start_policies.png").is_file() and (tmp_path / "report" / "main_table.tex").is_file()
