@@ -201,8 +201,16 @@ def group_runs(runs: list[Run], baseline: list[Run] | None = None) -> list[Group
         if not g.runs[0].questions & theirs:
             raise HarnessError(f"{g.label} on {g.model} and its baseline ({g.baseline[0].path}) answer no question "
                                f"in common; give a baseline run on the same questions")
-    # Per model: baselines first, then methods in the order given.
-    return sorted(groups.values(), key=lambda g: (g.model, not g.is_baseline))
+    # Per model: baselines first, then methods in the order given, a method's settings in natural order (k=2 < k=16).
+    first = {}
+    for run in runs:
+        first.setdefault(run.method, len(first))
+
+    def natural(value) -> tuple:
+        return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+    return sorted(groups.values(), key=lambda g: (g.model, not g.is_baseline, first[g.method],
+                                                  [natural(g.params[k]) for k in sorted(g.params)]))
 
 
 # ---------------------------------------------------------------- tables
@@ -458,7 +466,7 @@ def plot_ablations(stats: pd.DataFrame, groups: list[Group], out: Path, footer: 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         a_mat.set_title("MAT against " + xlabel.split(" (")[0])
         a_tok.set_title("Throughput against " + xlabel.split(" (")[0])
-        a_tok.legend()
+        fig.legend(*a_tok.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
         files += _save(fig, out, name, footer + " · " + bench_line(groups))
     return files
 
