@@ -89,7 +89,7 @@ def test_latex_table_is_booktabs_and_marks_the_best(runs, tmp_path):
 def test_labels_tell_configurations_apart(runs, tmp_path):
     write_run(runs / "tr_k4", "tr", TR_A, {"k": 4}, {"k": 4})
     labels = list(rp.report([str(runs)], tmp_path / "o", figures=False)["table"]["method"])
-    assert labels == ["vanilla", "tr (k=8)", "tr (k=4)"]
+    assert labels == ["vanilla", "tr (k=4)", "tr (k=8)"]  # a method's settings in natural order
 
 
 def test_accept_histogram_and_repeats():
