@@ -21,6 +21,7 @@ from evaluation.metrics import task_table
 COLUMNS = {
     "questions": "questions", "mat": "MAT", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
     "speedup": "speedup", "mean_q_tok_per_s": "mean per-question tokens/s",
+    "baseline_mean_q_tok_per_s": "baseline mean per-question tokens/s",
     "speedup_specbench": "speedup (Spec-Bench)",
 }
 
