@@ -99,8 +99,9 @@ def passage_prompts(passages: list[str], seed: int = 0) -> list[str]:
 
 
 @torch.no_grad()
-def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: int, device) -> list[list[int]]:
-    """The target's greedy answers, batched (left padding); returns prompt + answer token ids per prompt."""
+def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: int,
+            device) -> tuple[list[list[int]], list[int]]:
+    """The target's greedy answers, batched (left padding): (prompt + answer ids, prompt length) per prompt."""
     tok.padding_side = "left"
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = tok.eos_token_id
