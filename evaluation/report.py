@@ -293,7 +293,7 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
              r"\begin{tabular}{ll" + "r" * (len(header) - 2) + "}", r"\toprule",
              " & ".join(_tex(h) for h in header) + r" \\", r"\midrule"]
     previous = None
-    for i, (row_index, cells) in enumerate(zip(table.index, body)):
+    for row_index, cells in zip(table.index, body):
         if previous is not None and table.loc[row_index, "model"] != previous:
             lines.append(r"\midrule")
         previous = table.loc[row_index, "model"]
@@ -356,6 +356,27 @@ def _save(fig, out: Path, name: str, footer: str) -> list[Path]:
     return files
 
 
+def _rows(stats: pd.DataFrame, g: Group) -> pd.DataFrame:
+    """The per-task rows of one group, indexed by task."""
+    return stats[(stats["model"] == g.model) & (stats["method"] == g.label)].set_index("task")
+
+
+def _tasks(stats: pd.DataFrame) -> list[str]:
+    return [t for t in list(TASKS) + [OVERALL] if t in set(stats["task"])]
+
+
+def _task_bars(ax, stats: pd.DataFrame, groups: list[Group], metric: str, labels: list[str]) -> list:
+    """Grouped bars: one group of bars per task, one bar per group (error bars for repeats); returns the bars."""
+    tasks, width, containers = _tasks(stats), 0.8 / len(groups), []
+    for i, (g, label) in enumerate(zip(groups, labels)):
+        t = _rows(stats, g).reindex(tasks)
+        xs = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(tasks))]
+        err = t[metric + "_std"].fillna(0).to_numpy() if g.runs[1:] else None
+        containers.append(ax.bar(xs, t[metric], width * 0.92, yerr=err, capsize=2, label=label))
+    ax.set_xticks(range(len(tasks)), [SHORT_NAMES.get(t, t) for t in tasks])
+    return containers
+
+
 def _series_name(g: Group, multi_model: bool) -> str:
     return f"{g.label} · {g.model}" if multi_model else g.label
 
@@ -366,18 +387,12 @@ def plot_speedup(stats: pd.DataFrame, groups: list[Group], out: Path, footer: st
     if not methods:
         return []
     multi = len({g.model for g in groups}) > 1
-    tasks = [t for t in list(TASKS) + [OVERALL] if t in set(stats["task"])]
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(min(11.0, max(6.5, 1.0 + 0.25 * len(tasks) * len(methods))), 3.6))
-    for i, g in enumerate(methods):
-        t = stats[(stats["model"] == g.model) & (stats["method"] == g.label)].set_index("task").reindex(tasks)
-        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(tasks))]
-        err = t["speedup_std"].fillna(0).to_numpy() if g.runs[1:] else None
-        bars = ax.bar(xs, t["speedup"], width * 0.92, yerr=err, capsize=2, label=_series_name(g, multi))
-        if len(methods) <= 4:
-            ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=1)
+    fig, ax = plt.subplots(figsize=(min(11.0, max(6.5, 1.0 + 0.25 * len(_tasks(stats)) * len(methods))), 3.6))
+    bars = _task_bars(ax, stats, methods, "speedup", [_series_name(g, multi) for g in methods])
+    if len(methods) <= 4:
+        for b in bars:
+            ax.bar_label(b, fmt="%.2f", fontsize=6, padding=1)
     ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
-    ax.set_xticks(range(len(tasks)), [SHORT_NAMES.get(t, t) for t in tasks])
     ax.set_ylabel("speedup over vanilla (×, tokens/s ratio)")
     ax.set_title("Speedup per Spec-Bench task (" + bench_line(groups) + ")")
     if len(methods) > 4:
@@ -446,8 +461,7 @@ def plot_ablations(stats: pd.DataFrame, groups: list[Group], out: Path, footer: 
         fig, (a_mat, a_tok) = plt.subplots(1, 2, figsize=(8.5, 3.3))
         for line, members in series:
             xs = [g.state[x] for g in members]
-            o = [stats[(stats["model"] == g.model) & (stats["method"] == g.label) & (stats["task"] == OVERALL)]
-                 .iloc[0] for g in members]
+            o = [_rows(stats, g).loc[OVERALL] for g in members]
             a_mat.errorbar(xs, [r["mat"] for r in o], yerr=[0 if math.isnan(r["mat_std"]) else r["mat_std"]
                                                             for r in o], marker="o", capsize=2, label=line)
             a_tok.errorbar(xs, [r["tok_per_s"] for r in o],
@@ -477,15 +491,8 @@ def plot_start_policies(stats: pd.DataFrame, groups: list[Group], out: Path, foo
         return []
     plt = _figure_style()
     fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 3.4), squeeze=False)
-    tasks = [t for t in list(TASKS) + [OVERALL] if t in set(stats["task"])]
     for ax, (name, gs) in zip(axes[0], series):
-        width = 0.8 / len(gs)
-        for i, g in enumerate(gs):
-            t = stats[(stats["model"] == g.model) & (stats["method"] == g.label)].set_index("task").reindex(tasks)
-            ax.bar([j + (i - (len(gs) - 1) / 2) * width for j in range(len(tasks))], t["mat"], width * 0.92,
-                   yerr=t["mat_std"].fillna(0).to_numpy() if g.runs[1:] else None, capsize=2,
-                   label=f"start={g.params['start']}")
-        ax.set_xticks(range(len(tasks)), [SHORT_NAMES.get(t, t) for t in tasks])
+        _task_bars(ax, stats, gs, "mat", [f"start={g.params['start']}" for g in gs])
         ax.set_ylabel("mean accepted tokens per step (MAT)")
         ax.set_title("Start policies: " + name)
         ax.margins(y=0.18)
