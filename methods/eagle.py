@@ -38,6 +38,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from methods import kv
 from methods.base import ConfigError, Draft, Proposer, Verification, register
 from methods.tree import Tree, load_template
+from methods.verify import additive_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 # Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.
@@ -200,9 +201,7 @@ class _Eagle(Proposer):
         Each pair sees the head's first ``free`` cache entries, and of the entries after them plus the n
         new ones those marked in ``allowed`` [n, cached - free + n] (its draft ancestors and itself).
         """
-        n, cached = len(tokens), kv.length(self.cache)
-        mask = torch.zeros(1, 1, n, cached + n, dtype=features.dtype, device=self.device)
-        mask[0, 0, :, free:].masked_fill_(~allowed, torch.finfo(features.dtype).min)
+        mask = additive_mask(allowed, free, features.dtype)
         out = self.head(self.embed(tokens)[None], features[None], positions.view(1, -1), mask, self.cache)
         return out[0]
 

@@ -41,6 +41,7 @@ from evaluation.paths import CACHE, ROOT
 from evaluation.prompts import prompt_ids
 from evaluation.run import compose_config, model_spec
 from methods.eagle import EagleHead, expected_shapes, random_head
+from methods.verify import additive_mask
 
 TOPICS = [
     "volcanoes", "the history of the bicycle", "honeybees", "solar panels", "the water cycle", "chess openings",
@@ -156,7 +157,7 @@ def build_data(model, tok, template: str, args, device) -> list[dict]:
 
 
 def causal(n: int, dtype) -> torch.Tensor:
-    return torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
+    return additive_mask(torch.ones(n, n, dtype=torch.bool).tril(), 0, dtype)
 
 
 def head_pass(head: EagleHead, embed, d: dict, noise: float = 0.0) -> torch.Tensor:
