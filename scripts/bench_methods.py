@@ -86,6 +86,7 @@ def main(argv=None) -> None:
             rec["method"] = label
             records[label].append(rec)
     out = Path(args.out)
+    env = environment(loaded[2], next(loaded[0].parameters()).dtype)  # one process: one environment
     for label, recs in records.items():
         (out / label).mkdir(parents=True, exist_ok=True)
         (out / label / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -95,7 +96,7 @@ def main(argv=None) -> None:
             "bench": b.name,
             "questions": len(questions), "side_by_side": labels + ([GENERATE] if args.generate else []),
             "config": OmegaConf.to_container(run_cfgs[label], resolve=True),
-            "environment": environment(loaded[2], next(loaded[0].parameters()).dtype),
+            "environment": env,
             "method_state": r.proposer.summary()})
     for label in records:
         _, total, mismatches, _ = compare(records[labels[0]], records[label])
