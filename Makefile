@@ -34,10 +34,9 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# Side by side in one process: HF generate, vanilla and TR on 2 questions per task; then TR's time split.
+# Side by side in one process on 2 questions per task: HF generate, vanilla on both engines, TR with the paper
+# tree and with tree=auto, with each step's time split by phase; then TR's own share of its step time.
 bench: setup
-	$(PY) -m scripts.bench_methods method=vanilla method=tr --generate --bench spec_bench_smoke --set bench.max_new_tokens=64
+	$(PY) -m scripts.bench_methods "method=vanilla" "method=vanilla engine=hf" "method=tr" "method=tr method.tree=auto" \
+		--generate --phases --bench spec_bench_smoke --set bench.max_new_tokens=64
 	$(PY) -m scripts.bench_tr
-
-clean:
-	rm -rf $(VENV) data/cache

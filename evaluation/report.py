@@ -117,11 +117,19 @@ def load_run(file: Path, label: str | None = None) -> Run:
         summary = json.loads(summary_file.read_text())
         params = dict(summary.get("config", {}).get("method", {}))
         params.pop("name", None)
+        params["engine"] = engine_name(summary.get("config", {}).get("engine"))
         return Run(file, records, summary, summary["model"], label or summary["method"], params)
     models = sorted({str(r.get("model_id")) for r in records})
     if len(models) != 1:
         raise HarnessError(f"{file} answers with several models {models}; give one answer file per model and method")
     return Run(file, records, {}, models[0], label or (file.parent.name if file.name == ANSWERS else file.stem))
+
+
+def engine_name(engine: dict | None) -> str:
+    """``hf``, ``static`` or ``static(pack=false)`` from a run's engine config (runs from before engines: ``hf``)."""
+    if not engine:
+        return "hf"
+    return engine["name"] + ("" if engine.get("pack", "auto") == "auto" else f"(pack={engine['pack']})")
 
 
 def collect(paths: list[str]) -> list[Run]:
@@ -187,13 +195,15 @@ def group_runs(runs: list[Run], baseline: list[Run] | None = None) -> list[Group
             g.is_baseline = all(r.path.resolve() in {b.path.resolve() for b in baseline} for r in g.runs)
     else:
         for g in groups.values():
-            g.baseline = [r for r in runs if r.model == g.model and r.method == BASELINE]
+            g.baseline = [r for r in runs if r.model == g.model and r.method == BASELINE
+                          and r.params.get("engine") == g.params.get("engine")]
             g.is_baseline = g.method == BASELINE
-        missing = sorted({g.model for g in groups.values() if not g.baseline})
+        missing = sorted({(g.model, g.params.get("engine")) for g in groups.values() if not g.baseline},
+                         key=str)
         if missing:
-            have = {m: [g.label for g in groups.values() if g.model == m] for m in missing}
-            raise HarnessError("; ".join(f"no {BASELINE} run of model {m} (runs: {', '.join(have[m])})"
-                                         for m in missing)
+            have = {m: [g.label for g in groups.values() if (g.model, g.params.get("engine")) == m] for m in missing}
+            raise HarnessError("; ".join(f"no {BASELINE} run of model {m}" + (f" on engine {e}" if e else "")
+                                         + f" (runs: {', '.join(have[m, e])})" for m, e in missing)
                                + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}) "
                                  f"or name a baseline with --baseline RUN")
     for g in groups.values():

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import fields
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from evaluation.paths import ROOT
 from evaluation.prompts import check_template, prompt_ids
 from methods.base import build_proposer
 from methods.decode import Generation, generate
+from methods.engine import build_engine
+from methods.tr import AUTO, TokenRecycling
 
 STATE = "proposer_state.pt"
 # A run without overrides goes to .../<method>/default, so that runs with overrides are its siblings.
@@ -95,15 +98,21 @@ class Runner:
             raise HarnessError(f"bench.max_new_tokens must be at least 1, got {self.max_new_tokens}")
         self.method, params = method_params(cfg)
         self.model, self.tok, self.device = loaded or load_model(self.spec)
+        self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
+        self.engine = build_engine(self.model, OmegaConf.to_container(cfg.engine, resolve=True))
         check_template(self.spec.template, self.tok)
         self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size, target=self.model,
                                        device=self.device)
         self.stop_ids = stop_token_ids(self.model, self.tok)
         self.context = max_context(self.model, self.spec)
+        if isinstance(self.proposer, TokenRecycling) and self.proposer.tree_name == AUTO:
+            from evaluation.calibrate import auto_tree
+
+            auto_tree(self)
 
     def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
-        return generate(self.model, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
-                        turn=turn)
+        return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
+                        turn=turn, timer=self.timer)
 
     def answer(self, q: Question) -> dict:
         answers, turns = [], []
@@ -182,7 +191,6 @@ def run(cfg: DictConfig, out: Path) -> Path:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json_atomic(out / SUMMARY, summary)
-
     if writer.done and state_file.exists():
         saved = torch.load(state_file, map_location=runner.device)
         runner.proposer.load_state_dict(saved["state"])
@@ -194,6 +202,16 @@ def run(cfg: DictConfig, out: Path) -> Path:
         # Every shard warms up on the selection's first question, so each starts as a single run does.
         for _ in range(int(cfg.warmup)):
             runner.answer(selection[0])
+
+    state_now = runner.proposer.summary()
+    if "auto" in state_now:  # the chosen tree, reusable as method.tree=<run>/tree.json
+        auto = state_now["auto"]
+        write_json_atomic(out / "tree.json", {
+            "name": "auto", "parents": state_now["tree_parents"],
+            "description": f"chosen by method.tree=auto for {runner.spec.name} on {summary['environment']['device']} "
+                           f"({auto['cpu_threads']} threads), engine {cfg.engine.name}: {auto['drafts']} drafts, "
+                           f"expected accepted length {auto['expected_length']:.2f}, expected speedup "
+                           f"{auto['expected_speedup']:.2f}x"})
 
     from tqdm import tqdm
 

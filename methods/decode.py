@@ -17,9 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from methods import kv
 from methods.base import Proposer
+from methods.engine import Engine, HFEngine
 from methods.verify import verify
+
+
+DRAFT_ROOM = 256  # cache slots past the budget for a step's drafts (an engine grows its cache for more)
 
 
 @dataclass
@@ -60,17 +63,19 @@ class PhaseTimer:
 
 
 @torch.inference_mode()
-def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
+def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
              turn: int = 0, timer=nullcontext) -> Generation:
     """Greedy-equivalent decoding of ``prompt_ids`` with ``proposer``'s drafts.
 
-    ``timer(phase)`` is a context manager around each phase; profiling passes a ``PhaseTimer``.
+    ``target`` is an ``Engine`` (``methods.engine``), or a Hugging Face model, run by the reference
+    engine ``hf``. ``timer(phase)`` is a context manager around each phase; profiling passes a ``PhaseTimer``.
     """
-    device = model.device
+    engine = target if isinstance(target, Engine) else HFEngine(target)
+    device = engine.device
     n_prompt = len(prompt_ids)
     ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
     ids[:n_prompt] = torch.tensor(prompt_ids)
-    cache = kv.new_cache(model)
+    engine.start(n_prompt + max_new_tokens + DRAFT_ROOM)
     new: list[int] = []
     accept_lengths: list[int] = []
 
@@ -89,10 +94,9 @@ def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens
     t0 = time.perf_counter()
     # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
     full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
-    out = model(input_ids=ids[None, :n_prompt], past_key_values=cache, use_cache=True, logits_to_keep=0 if full else 1,
-                output_hidden_states=hidden)
-    proposer.reset(ids[:n_prompt], turn, out.logits[0] if full else None, out.hidden_states[-1][0] if hidden else None)
-    done = commit([int(out.logits[0, -1].argmax())])
+    logits, states = engine.forward(ids[:n_prompt], last_only=not full, hidden=hidden)
+    proposer.reset(ids[:n_prompt], turn, logits if full else None, states)
+    done = commit([int(logits[-1].argmax())])
     _sync(device)
     t1 = time.perf_counter()
     while not done:
@@ -100,7 +104,7 @@ def generate(model, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens
         with timer("propose"):
             draft = proposer.propose(ids[: n_prompt + len(new)])
         # 3. Verify it in one forward; the cache keeps the accepted path only.
-        result = verify(model, cache, draft, timer, proposer.topk, hidden)
+        result = verify(engine, draft, timer, proposer.topk, hidden)
         # 4. Let the proposer learn from every node's logits.
         with timer("update"):
             proposer.update(draft, result)

@@ -3,7 +3,8 @@
 transformers changes its cache classes between releases; in 5.x a ``DynamicCache``
 holds per-layer ``cache.layers[i].keys / .values`` of shape
 ``[batch, kv_heads, seq, head_dim]``. Everything else in the harness sees only
-``new_cache``, ``length`` and ``commit``.
+``new_cache``, ``length`` and ``commit``, and the static engine (``methods.engine``) sees
+only ``StaticKV``.
 """
 from __future__ import annotations
 
@@ -49,3 +50,49 @@ def commit(cache: DynamicCache, start: int, keep: list[int]) -> None:
             layer.values[:, :, start:start + m] = layer.values.index_select(2, src)
         layer.keys = layer.keys[:, :, :start + m]
         layer.values = layer.values[:, :, :start + m]
+
+
+class StaticKV:
+    """A preallocated cache for one sequence: per layer ``keys/values[kv_heads, capacity, head_dim]``.
+
+    Entries are written by slot; ``length`` counts those in use. A draft's rejected
+    entries dropped by ``commit`` stay where they are, past ``length``: the next
+    forward overwrites the slots it uses and masks every slot past its own tokens,
+    so dropping a rejected draft costs nothing, and committing an accepted path
+    moves only its own entries (none for a chain).
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype, device):
+        self.keys = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` slots (doubling; rarely needed: ``Engine.start`` sizes the cache)."""
+        if n > self.capacity:
+            grow = max(n, 2 * self.capacity) - self.capacity
+            pad = (0, 0, 0, grow)
+            self.keys = torch.nn.functional.pad(self.keys, pad)
+            self.values = torch.nn.functional.pad(self.values, pad)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int):
+        """Write ``k, v`` [kv_heads, n, head_dim] at ``slots``; return the layer's first ``span`` slots (views).
+        The engine appends: after its last layer it sets ``length`` past the new slots."""
+        keys, values = self.keys[layer], self.values[layer]
+        keys.index_copy_(1, slots, k)
+        values.index_copy_(1, slots, v)
+        return keys[:, :span], values[:, :span]
+
+    def commit(self, start: int, keep: list[int]) -> None:
+        """Keep, of the entries written from ``start`` on, the nodes ``keep`` (see ``commit`` above)."""
+        m = len(keep)
+        if keep != list(range(m)):
+            src = torch.tensor(keep, device=self.keys.device) + start
+            dst = torch.arange(start, start + m, device=self.keys.device)
+            self.keys.index_copy_(2, dst, self.keys.index_select(2, src))
+            self.values.index_copy_(2, dst, self.values.index_select(2, src))
+        self.length = start + m

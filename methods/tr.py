@@ -30,6 +30,7 @@ from methods.base import ConfigError, Draft, Proposer, Verification, register
 from methods.tree import Tree, TreeError, load_template
 
 STARTS = ("hot", "cold", "prompt")
+AUTO = "auto"  # method.tree=auto: the tree chosen for this engine and device (methods.autotree)
 
 
 def fit_tree(tree: Tree, k: int) -> Tree:
@@ -64,19 +65,27 @@ class TokenRecycling(Proposer):
     name = "tr"
 
     def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device):
-        self.k, self.start, self.tree_name = k, start, tree_name
+        self.k, self.start, self.tree_name, self.device = k, start, tree_name, device
         self.topk = k  # the verifier hands back every node's top-K: the update needs nothing else
-        self.tree = tree.to(device)
         self.wants_prompt_logits = start == "prompt"
         # int16 holds ids below 32768 (Llama-2/Vicuna's 32000); larger vocabularies take int32.
         dtype = torch.int16 if vocab_size <= torch.iinfo(torch.int16).max + 1 else torch.int32
         self.M = torch.zeros(vocab_size, k, dtype=dtype, device=device)  # [vocab, K]
+        self.auto: dict | None = None  # tree=auto: how the tree was chosen (methods.autotree.choose_tree)
+        self.set_tree(tree)
+
+    def set_tree(self, tree: Tree, auto: dict | None = None) -> None:
+        """Draft with ``tree`` from now on (``tree=auto`` sets the chosen one; ``auto`` says how it was chosen)."""
+        device = self.device
+        self.tree = tree.to(device)
+        if auto is not None:
+            self.auto = auto
         # Per depth: the slice of nodes it holds, their parents and ranks, for one gather each.
         depth = tree.depth.tolist()
         self.levels = []
         for d in range(1, tree.max_depth + 1):
             lo, hi = depth.index(d), len(depth) - depth[::-1].index(d)
-            self.levels.append((lo, hi, tree.parent_index[lo:hi].to(device), tree.rank[lo:hi].to(device)))
+            self.levels.append((lo, hi, self.tree.parent_index[lo:hi], self.tree.rank[lo:hi]))
         n = tree.size
         idx = torch.arange(n, device=device)
         self._later = idx[None, :] > idx[:, None]  # [n, n]: j comes after i in BFS order
@@ -99,6 +108,8 @@ class TokenRecycling(Proposer):
             raise ConfigError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
         if start not in STARTS:
             raise ConfigError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")
+        if tree_name == AUTO:  # a plain step until evaluation.calibrate sets the chosen tree
+            return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device)
         tree = load_template(str(tree_name))
         if fit:
             tree = fit_tree(tree, k)
@@ -146,9 +157,16 @@ class TokenRecycling(Proposer):
         self.M[tokens] = top[last]
 
     def state_dict(self) -> dict:
-        return {"M": self.M, "node_accepts": self.node_accepts}
+        return {"M": self.M, "node_accepts": self.node_accepts, "tree_parents": list(self.tree.parents),
+                "auto": self.auto}
 
     def load_state_dict(self, state: dict) -> None:
+        """A resumed run continues with the saved matrix and the saved tree (tree=auto: the one chosen then)."""
+        parents = tuple(state.get("tree_parents", self.tree.parents))
+        if parents != self.tree.parents:
+            if self.tree_name != AUTO:
+                raise ValueError(f"the saved TR state drafts with another tree than '{self.tree_name}'")
+            self.set_tree(Tree.from_parents(parents), state.get("auto"))
         self.M.copy_(state["M"])
         self.node_accepts.copy_(state["node_accepts"])
 
@@ -160,4 +178,5 @@ class TokenRecycling(Proposer):
             "adjacency_rows_filled": int((self.M != 0).any(dim=1).sum()),
             "tree_parents": list(self.tree.parents),
             "node_accepts": self.node_accepts.tolist(),
+            **({"auto": self.auto} if self.auto else {}),
         }

@@ -1,9 +1,8 @@
-"""The one verifier: forward a draft tree through the stock model, accept the longest greedy path.
+"""The one verifier: forward a draft tree through the engine, accept the longest greedy path.
 
-The tree goes through an unmodified Hugging Face model: tree position ids and an
-explicit 4-D additive attention mask (each node sees the committed prefix and its
-own ancestors). Chains need neither, so vanilla steps and PLD chains take the
-model's ordinary causal path.
+The engine (``methods.engine``) runs the tree with tree attention: node i at
+position ``L + depth[i]``, seeing the committed prefix and its own ancestors.
+Chains take the model's ordinary causal path.
 """
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from contextlib import nullcontext
 
 import torch
 
-from methods import kv
 from methods.base import Draft, Verification
 from methods.tree import Tree
 
@@ -75,29 +73,18 @@ def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree,
 
 
 @torch.inference_mode()
-def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool = False) -> Verification:
-    """Forward ``draft`` after the cached prefix, accept, and leave only the accepted path in the cache.
+def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool = False) -> Verification:
+    """Forward ``draft`` after the committed prefix, accept, and leave only the accepted path in the cache.
 
-    ``timer(phase)`` is a context manager that profiling code passes in (``methods.decode.PhaseTimer``);
-    ``topk > 0`` also returns every node's top-k tokens (``Proposer.topk``); ``hidden`` the target's
-    last hidden states on the accepted path (``Proposer.wants_hidden``).
+    ``engine`` is a ``methods.engine.Engine``; ``timer(phase)`` is a context manager that profiling code
+    passes in (``methods.decode.PhaseTimer``); ``topk > 0`` also returns every node's top-k tokens
+    (``Proposer.topk``); ``hidden`` the target's last hidden states on the accepted path
+    (``Proposer.wants_hidden``).
     """
-    tree, past = draft.tree, kv.length(cache)
-    ids = draft.tokens.view(1, -1)
+    tree, past = draft.tree, engine.length
     with timer("forward"):
-        if tree.is_chain:
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=hidden)
-        else:
-            out = model(
-                input_ids=ids,
-                past_key_values=cache,
-                use_cache=True,
-                position_ids=(tree.depth + past).view(1, -1),
-                attention_mask=tree_mask(tree, past, out_dtype(model)),
-                output_hidden_states=hidden,
-            )
+        logits, states = engine.forward(draft.tokens, tree, hidden=hidden)  # [n, vocab], [n, hidden]
     with timer("accept"):
-        logits = out.logits[0]  # [n, vocab]
         argmax, top = greedy(logits, topk)  # [n], [n, topk]
         best = accept(draft.tokens, argmax, tree, draft.acceptable)
         # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
@@ -105,10 +92,6 @@ def verify(model, cache, draft: Draft, timer=nullcontext, topk: int = 0, hidden:
         best, bonus, tokens = host[0], host[1], host[2:]
         path = tree.path_to(best)
     with timer("commit"):
-        kv.commit(cache, past, path)
-    states = out.hidden_states[-1][0, path] if hidden else None  # [len(path), hidden]
+        engine.commit(past, path)
+    states = states[path] if hidden else None  # [len(path), hidden]
     return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax, top, states)
-
-
-def out_dtype(model) -> torch.dtype:
-    return next(model.parameters()).dtype

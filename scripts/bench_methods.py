@@ -1,7 +1,7 @@
 """Decoding methods side by side in one process: MAT, tokens/s and speedup per Spec-Bench task.
 
     python -m scripts.bench_methods "method=vanilla" "method=tr" "method=tr method.start=cold" \\
-        [--bench spec_bench_sample] [--warmup 1] [--generate] [--out DIR]
+        [--bench spec_bench_sample] [--warmup 1] [--generate] [--phases] [--out DIR]
 
 Each positional argument is one method as Hydra overrides (as for evaluation.run); the
 first is the baseline. All methods decode the same questions in one process, question by
@@ -10,6 +10,10 @@ drift of a shared machine falls on all alike. ``--generate`` adds Hugging Face
 ``model.generate(do_sample=False)`` as an outside reference. Writes one answer file per
 method under --out, checks that all produced the same tokens, and prints the speed
 table (evaluation.speed) against the baseline and, with --generate, against generate.
+Each method is its overrides, the engine included: ``"method=tr engine=hf"`` runs TR on
+the reference engine. ``--phases`` also splits every method's step time into forward,
+drafting (propose), acceptance, update and cache commit (``methods.decode.PhaseTimer``;
+on a GPU its synchronisations slow the run a little).
 """
 from __future__ import annotations
 
@@ -29,9 +33,10 @@ from evaluation.answers import SUMMARY, write_json_atomic
 from evaluation.paths import RESULTS
 from evaluation.run import Runner, compose_config, environment, model_spec
 from evaluation.speed import markdown, speed_table
-from methods.decode import Generation
+from methods.decode import Generation, PhaseTimer
 
 GENERATE = "generate"
+PHASES = ("forward", "propose", "accept", "update", "commit")  # methods.decode's loop
 
 
 class GenerateRunner(Runner):
@@ -57,6 +62,7 @@ def main(argv=None) -> None:
     ap.add_argument("--set", nargs="*", default=[], help="overrides for every method (model=..., bench.*=...)")
     ap.add_argument("--warmup", type=int, default=1, help="passes over the first question per method")
     ap.add_argument("--generate", action="store_true", help="add model.generate as a reference")
+    ap.add_argument("--phases", action="store_true", help="split each method's step time by phase")
     ap.add_argument("--out", default=str(RESULTS / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")))
     args = ap.parse_args(argv)
 
@@ -75,6 +81,8 @@ def main(argv=None) -> None:
     for r in runners.values():
         for _ in range(args.warmup):
             r.answer(questions[0])
+        if args.phases and not isinstance(r, GenerateRunner):
+            r.timer = PhaseTimer(r.device)
 
     records = {label: [] for label in runners}
     order = list(runners)
@@ -112,7 +120,31 @@ def main(argv=None) -> None:
         vs = speed_table([str(out / label) for label in records], str(out / GENERATE))
         print(markdown(vs[vs["task"] == "overall"]))
         vs.to_csv(out / "speed_vs_generate.csv", index=False)
+    if args.phases:
+        split = phase_table(runners, records)
+        print("\nper-step time split (ms per step after the prefill; share of the step):")
+        print(markdown(split, digits=2))
+        split.to_csv(out / "phases.csv", index=False)
     print(f"-> {out}")
+
+
+def phase_table(runners: dict, records: dict):
+    """ms per decoding step (prefill excluded) spent in each phase, per method, and the phases' shares."""
+    import pandas as pd
+
+    rows = []
+    for label, r in runners.items():
+        if not isinstance(r.timer, PhaseTimer):
+            continue
+        steps = sum(d - 1 for rec in records[label] for d in rec["choices"][0]["decoding_steps"])
+        total = sum(r.timer.seconds.values())
+        row = {"method": label, "steps": steps}
+        for phase in PHASES:
+            row[f"{phase}_ms"] = 1000 * r.timer.seconds.get(phase, 0.0) / max(steps, 1)
+        for phase in PHASES:
+            row[f"{phase}_%"] = 100 * r.timer.seconds.get(phase, 0.0) / total if total else 0.0
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 if __name__ == "__main__":

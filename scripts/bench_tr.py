@@ -1,6 +1,6 @@
 """Where a Token Recycling step spends its time: forward, and TR's own drafting, acceptance and update.
 
-    python -m scripts.bench_tr [--per-task 2] [--max-new-tokens 64] [--tree paper]
+    python -m scripts.bench_tr [--per-task 2] [--max-new-tokens 64] [--tree paper] [--engine static|hf]
 
 Decodes the first turns of a stratified Spec-Bench sample with the embedded model
 (hot start, one warm-up pass), timing every phase of every step, and prints each
@@ -19,6 +19,7 @@ from evaluation.paths import ROOT
 from evaluation.prompts import prompt_ids
 from methods.base import build_proposer
 from methods.decode import PhaseTimer, generate
+from methods.engine import ENGINES, build_engine
 
 OWN = ("propose", "accept", "update")  # TR's own work; "forward" and "commit" are the shared engine's
 
@@ -29,23 +30,25 @@ def main(argv=None) -> None:
     ap.add_argument("--per-task", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tree", default="paper")
+    ap.add_argument("--engine", default="static", choices=ENGINES)
     args = ap.parse_args(argv)
 
     spec = ModelSpec(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml")))
     model, tok, device = load_model(spec)
+    engine = build_engine(model, {"name": args.engine})
     stop = stop_token_ids(model, tok)
     prompts = [prompt_ids(spec.template, tok, [q.turns[0]], [])
                for q in load_bench(None, limit_per_category=args.per_task)]
     tr = build_proposer("tr", {"tree": args.tree}, vocab_size=model.config.vocab_size, device=device)
-    generate(model, tr, prompts[0], max_new_tokens=args.max_new_tokens, stop_ids=stop)  # warm-up
+    generate(engine, tr, prompts[0], max_new_tokens=args.max_new_tokens, stop_ids=stop)  # warm-up
     timer = PhaseTimer(device)
     tokens = steps = 0
     for ids in prompts:
-        g = generate(model, tr, ids, max_new_tokens=args.max_new_tokens, stop_ids=stop, timer=timer)
+        g = generate(engine, tr, ids, max_new_tokens=args.max_new_tokens, stop_ids=stop, timer=timer)
         tokens, steps = tokens + len(g.token_ids), steps + len(g.accept_lengths) - 1
     total = sum(timer.seconds.values())
     print(f"TR, tree {args.tree} ({tr.tree.size} nodes), {len(prompts)} prompts, {steps} steps, "
-          f"MAT {tokens / (steps + len(prompts)):.2f}, {spec.name} on {device}")
+          f"MAT {tokens / (steps + len(prompts)):.2f}, {spec.name} on {device}, engine {args.engine}")
     for phase, secs in sorted(timer.seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {phase:8s} {1000 * secs / steps:8.2f} ms/step  {100 * secs / total:5.1f}%")
     own = sum(timer.seconds[p] for p in OWN)

@@ -18,32 +18,11 @@ import torch
 
 from evaluation.answers import SUMMARY
 from evaluation.errors import HarnessError, exit_on_error
-from methods.tree import TEMPLATES, Tree, grow_tree, load_template
+from methods.autotree import acceptance_table, expected_length
+from methods.tree import TEMPLATES, grow_tree, load_template
 
 BREADTHS = (30, 45, 60, 75, 90)  # drafts, at depth 6
 DEPTHS = (4, 5, 6, 7, 8)  # at 80 drafts
-
-
-PSEUDO_TRIES = 20  # shrinkage of sparse (deep) estimates towards the rank's rate over all depths
-
-
-def acceptance_table(parents: list[int], node_accepts: list[int], k: int = 8) -> list[list[float]]:
-    """p[d-1][r] = accepted(nodes of depth d, rank r) / accepted(their parents).
-
-    Deep nodes are tried rarely, so each estimate is shrunk towards the same rank's
-    rate pooled over all depths, as if ``PSEUDO_TRIES`` more tries had that rate.
-    """
-    tree = Tree.from_parents(parents)
-    depth, rank = tree.depth.tolist(), tree.rank.tolist()
-    hits = [[0] * k for _ in range(tree.max_depth)]
-    tries = [[0] * k for _ in range(tree.max_depth)]
-    for i in range(1, tree.size):
-        if rank[i] < k:
-            hits[depth[i] - 1][rank[i]] += node_accepts[i]
-            tries[depth[i] - 1][rank[i]] += node_accepts[parents[i]]
-    pooled = [sum(h[r] for h in hits) / max(1, sum(t[r] for t in tries)) for r in range(k)]
-    return [[(h + PSEUDO_TRIES * pooled[r]) / (t + PSEUDO_TRIES) for r, (h, t) in enumerate(zip(hr, tr))]
-            for hr, tr in zip(hits, tries)]
 
 
 @exit_on_error
@@ -67,13 +46,13 @@ def main(argv=None) -> None:
               "steps": state["node_accepts"][0], "accept": [[round(x, 4) for x in row] for row in p]}
     paper = load_template("paper")
     print(f"paper: 80 drafts, depth 6, expected accepted drafts "
-          f"{sum(_path_value(p, paper, i) for i in range(1, paper.size)):.2f}")
+          f"{expected_length(p, paper) - 1:.2f}")
     out = Path(args.out)
     shapes = [(n, 6) for n in BREADTHS] + [(80, d) for d in DEPTHS]
     for n, d in shapes:
         tree = grow_tree(p, n, d, state["k"], reach_depth=True)
         name = f"grown-n{n}-d{d}"
-        expected = sum(_path_value(p, tree, i) for i in range(1, tree.size))
+        expected = expected_length(p, tree) - 1
         (out / f"{name}.json").write_text(json.dumps({
             "name": name,
             "description": f"{n} drafts, depth {d}, grown by scripts/make_trees.py: the rank-0 path to depth {d}, "
@@ -84,14 +63,6 @@ def main(argv=None) -> None:
         }) + "\n")
         print(f"{name}: {tree.size - 1} drafts, depth {tree.max_depth}, per depth "
               f"{torch.bincount(tree.depth).tolist()[1:]}, expected accepted drafts {expected:.2f}")
-
-
-def _path_value(p, tree: Tree, node: int) -> float:
-    v = 1.0
-    depth, rank = tree.depth.tolist(), tree.rank.tolist()
-    for i in tree.path_to(node)[1:]:
-        v *= p[min(depth[i], len(p)) - 1][rank[i]]
-    return v
 
 
 if __name__ == "__main__":

@@ -5,32 +5,34 @@
 
 Each point runs the shared verifier (``methods.verify.verify``) on a draft of N nodes (a
 root and N - 1 children: the tree-attention path every tree method takes; N = 1 is a plain
-step) after a cache of C tokens, then drops the draft from the cache; the median of
+step) after a cache of C tokens through the configured engine (``--set engine=hf`` for the
+reference forward), then drops the draft from the cache; the median of
 ``--repeats`` timed runs after one untimed run is kept. The curve, in milliseconds and as a
 multiple of the plain step, goes to ``cost.csv`` and ``cost.png``/``.pdf`` under --out
-(default ``results/cost/<model>-<device>-<dtype>/``), with the environment in ``cost.json``.
+(default ``results/cost/<model>-<device>-<dtype>-<engine>/``), with the environment in ``cost.json``.
 ``--shape vicuna-7b|vicuna-13b`` times a randomly initialised Llama of that shape instead of
 the configured checkpoint: timing needs no trained weights (for GPUs without the weights).
+``--mat`` (TR's measured MAT with the paper tree) and ``--accept`` (a tree=auto acceptance
+table) print the TR speedups this curve implies: the paper tree's, and tree=auto's choice.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import RESULTS
+from evaluation.report import engine_name
 from evaluation.run import compose_config, environment, model_spec
-from methods import kv
-from methods.base import Draft
-from methods.decode import _sync
-from methods.tree import Tree
-from methods.verify import verify
+from methods.autotree import choose_tree, cost_curve, measure_cost
+from methods.engine import build_engine
+
+PAPER_TOKENS = 81  # TR's paper tree: the root and 80 drafts
 
 # Llama shapes of the published checkpoints (config.json of lmsys/vicuna-*-v1.3), for --shape.
 SHAPES = {
@@ -49,39 +51,6 @@ def ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise HarnessError(f"expected positive integers, got {text!r}")
     return values
-
-
-def star(n: int) -> Tree:
-    """A root and n - 1 children: n tokens through tree attention (n = 1: a plain step)."""
-    return Tree.from_parents([-1] + [0] * (n - 1))
-
-
-@torch.inference_mode()
-def measure(model, device, tokens: list[int], contexts: list[int], repeats: int) -> list[dict]:
-    rows = []
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    for c in contexts:
-        cache = kv.new_cache(model)
-        model(input_ids=torch.randint(vocab, (1, c), generator=gen).to(device), past_key_values=cache, use_cache=True)
-        for n in tokens:
-            draft = Draft(torch.randint(vocab, (n,), generator=gen).to(device), star(n).to(device))
-            times = []
-            for i in range(repeats + 1):
-                _sync(device)
-                t = time.perf_counter()
-                verify(model, cache, draft)
-                _sync(device)
-                if i:
-                    times.append(time.perf_counter() - t)
-                kv.truncate(cache, c)
-            rows.append({"context": c, "tokens": n, "ms": 1000 * statistics.median(times),
-                         "ms_min": 1000 * min(times)})
-            print(f"context {c:5d}  tokens {n:4d}  {rows[-1]['ms']:8.2f} ms")
-    for r in rows:
-        plain = next(x["ms"] for x in rows if x["context"] == r["context"] and x["tokens"] == min(tokens))
-        r["vs_plain"] = r["ms"] / plain
-    return rows
 
 
 def plot(rows: list[dict], out: Path, title: str, footer: str) -> None:
@@ -112,11 +81,14 @@ def main(argv=None) -> None:
     ap.add_argument("--contexts", default="128,512,1024", type=ints)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shape", choices=sorted(SHAPES), help="time a random Llama of this shape instead")
+    ap.add_argument("--mat", type=float, help="a measured MAT of TR's paper tree: project its speedup on this curve")
+    ap.add_argument("--accept", help="an acceptance table (data/cache/autotree/*.json): project tree=auto's choice")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise HarnessError("--repeats must be at least 1")
-    spec = model_spec(compose_config(list(args.set)))
+    cfg = compose_config(list(args.set))
+    spec = model_spec(cfg)
     if args.shape:
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -132,19 +104,52 @@ def main(argv=None) -> None:
         model, _, device = load_model(spec)
         name = spec.name
     dtype = next(model.parameters()).dtype
+    engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
+    engine = build_engine(model, engine_cfg)
+    kind = engine_name(engine_cfg)
     env = environment(device, dtype)
-    out = Path(args.out) if args.out else RESULTS / "cost" / f"{name}-{device.type}-{env['dtype']}"
-    rows = measure(model, device, args.tokens, args.contexts, args.repeats)
+    out = Path(args.out) if args.out else RESULTS / "cost" / f"{name}-{device.type}-{env['dtype']}-{kind}"
+    rows = measure_cost(engine, args.tokens, args.contexts, args.repeats)
+    for r in rows:
+        print(f"context {r['context']:5d}  tokens {r['tokens']:4d}  {r['ms']:8.2f} ms  {r['vs_plain']:5.2f}x plain")
     out.mkdir(parents=True, exist_ok=True)
     import pandas as pd
 
     pd.DataFrame(rows).to_csv(out / "cost.csv", index=False)
-    (out / "cost.json").write_text(json.dumps({"model": name, "engine": "eager", "environment": env,
-                                               "rows": rows}, indent=2) + "\n")
+    projection = project(rows, args.mat, args.accept)
+    (out / "cost.json").write_text(json.dumps({"model": name, "engine": kind, "environment": env,
+                                               "rows": rows, "projection": projection}, indent=2) + "\n")
     footer = f"{env['device_name']}, {env['cpu_threads']} threads, {env['dtype']}, torch {env['torch']}, " \
-             f"transformers {env['transformers']}, eager"
+             f"transformers {env['transformers']}, engine {kind}"
     plot(rows, out, f"Verification cost · {name}", footer)
     print(f"-> {out}/cost.csv, cost.png, cost.pdf")
+
+
+def project(rows: list[dict], mat: float | None, accept: str | None) -> dict:
+    """Projected TR speedups on this curve (at its shortest context): the paper tree from a measured MAT
+    (MAT / cost of 81 tokens in plain steps), and tree=auto's choice from an acceptance table."""
+    c = min(r["context"] for r in rows)
+    curve = cost_curve([r for r in rows if r["context"] == c])
+    out = {"context": c}
+    if mat:
+        if max(curve) < PAPER_TOKENS:
+            raise HarnessError(f"--mat projects the paper tree ({PAPER_TOKENS} tokens): measure --tokens up to it")
+        out["paper"] = {"mat": mat, "cost_vs_plain": curve[PAPER_TOKENS] / curve[1],
+                        "speedup": mat * curve[1] / curve[PAPER_TOKENS]}
+        print(f"paper tree: MAT {mat:.2f} / {out['paper']['cost_vs_plain']:.2f} plain steps "
+              f"-> projected speedup {out['paper']['speedup']:.2f}x")
+    if accept:
+        path = Path(accept)
+        if not path.is_file():
+            raise HarnessError(f"no acceptance table {accept}; a tree=auto run caches one in data/cache/autotree/")
+        table = json.loads(path.read_text())
+        measured = {int(n): m for n, m in table.get("measured", {}).items()} or None
+        choice = choose_tree(table["accept"], curve, table["source"]["k"], measured=measured)
+        out["auto"] = {"drafts": choice["drafts"], "expected_length": choice["expected_length"],
+                       "speedup": choice["expected_speedup"], "parents": list(choice["tree"].parents)}
+        print(f"tree=auto: {choice['drafts']} drafts, expected length {choice['expected_length']:.2f} "
+              f"-> projected speedup {choice['expected_speedup']:.2f}x")
+    return out
 
 
 if __name__ == "__main__":

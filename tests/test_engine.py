@@ -5,6 +5,7 @@ import torch
 from methods.base import Draft, Proposer, build_proposer
 from methods.base import ConfigError
 from methods.decode import generate
+from methods.engine import HFEngine, StaticEngine
 from methods.tree import Tree
 from methods.verify import accept, greedy, tree_mask
 
@@ -43,6 +44,12 @@ def test_tree_mask_shape_and_values():
     assert allowed == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]]
 
 
+@pytest.fixture(params=[HFEngine, StaticEngine], ids=["hf", "static"])
+def engine(request, tiny_model):
+    """Each engine test runs on both engines: the reference and the lean one."""
+    return request.param(tiny_model)
+
+
 def _greedy(model, prompt, n):
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
     return out[0, len(prompt):].tolist()
@@ -72,31 +79,31 @@ class Oracle(Proposer):
         return Draft(torch.tensor(toks), self.tree)
 
 
-def test_vanilla_engine_equals_generate(tiny_model):
+def test_vanilla_engine_equals_generate(tiny_model, engine):
     for prompt in ([1, 5, 9, 33, 4], [1, 70, 71, 72, 73, 74, 75, 76, 77]):
         ref = _greedy(tiny_model, prompt, 40)
         van = build_proposer("vanilla", {}, vocab_size=96, device=torch.device("cpu"))
-        gen = generate(tiny_model, van, prompt, max_new_tokens=40, stop_ids=set())
+        gen = generate(engine, van, prompt, max_new_tokens=40, stop_ids=set())
         assert gen.token_ids == ref
         assert gen.accept_lengths == [1] * 40
 
 
-def test_tree_verification_is_lossless_and_accepts_the_zigzag_path(tiny_model):
+def test_tree_verification_is_lossless_and_accepts_the_zigzag_path(tiny_model, engine):
     prompt = [1, 5, 9, 33, 4]
     ref = _greedy(tiny_model, prompt, 60)
-    gen = generate(tiny_model, Oracle(ref, len(prompt)), prompt, max_new_tokens=50, stop_ids=set())
+    gen = generate(engine, Oracle(ref, len(prompt)), prompt, max_new_tokens=50, stop_ids=set())
     assert gen.token_ids == ref[:50]
     # prefill 1, then steps of 3 (path 0-2-4 + bonus) and 4 (0-2-4-5 + bonus), alternating, cut at the budget
     assert gen.accept_lengths[:5] == [1, 3, 4, 3, 4]
     assert sum(gen.accept_lengths) == 50
 
 
-def test_stop_token_ends_generation_and_is_counted(tiny_model):
+def test_stop_token_ends_generation_and_is_counted(tiny_model, engine):
     prompt = [1, 5, 9, 33, 4]
     ref = _greedy(tiny_model, prompt, 30)
     stop = ref[12]
     first = ref.index(stop)
-    gen = generate(tiny_model, Oracle(ref + [0] * 10, len(prompt)), prompt, max_new_tokens=30, stop_ids={stop})
+    gen = generate(engine, Oracle(ref + [0] * 10, len(prompt)), prompt, max_new_tokens=30, stop_ids={stop})
     assert gen.token_ids == ref[: first + 1]
     assert gen.stop == "eos" and sum(gen.accept_lengths) == first + 1
 
@@ -115,11 +122,11 @@ def test_vanilla_refuses_parameters():
     ("tr", {}), ("tr", {"start": "prompt", "tree": "grown-n30-d6"}), ("pld", {}),
     ("lookahead", {}), ("lookahead", {"level": 3, "window": 4, "guess": 2}),
 ])
-def test_every_method_equals_greedy_on_the_tiny_model(tiny_model, name, params):
+def test_every_method_equals_greedy_on_the_tiny_model(tiny_model, engine, name, params):
     prompt = [1, 5, 9, 33, 4, 5, 9, 33, 4, 5, 9]  # repetitive, so that lookups and n-grams find something
     ref = _greedy(tiny_model, prompt, 60)
     proposer = build_proposer(name, params, vocab_size=96, device=torch.device("cpu"))
     for turn in range(2):  # a second request on the same proposer (state carried or reset by the method)
-        gen = generate(tiny_model, proposer, prompt, max_new_tokens=60, stop_ids=set(), turn=turn)
+        gen = generate(engine, proposer, prompt, max_new_tokens=60, stop_ids=set(), turn=turn)
         assert gen.token_ids == ref
         assert sum(gen.accept_lengths) == 60

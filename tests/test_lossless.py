@@ -36,6 +36,7 @@ def test_sample_is_stratified():
 
 @pytest.mark.parametrize("overrides", [
     ["method=tr"],                                   # the paper: tree 2.2.2, K=8, hot start
+    ["method=tr", "engine=hf"],                      # on the reference engine (the reference ran the lean one)
     ["method=tr", "method.start=cold"],
     ["method=tr", "method.start=prompt"],
     ["method=tr", "method.tree=probe"],              # 64 drafts, depth 8

@@ -21,12 +21,14 @@ def rec(qid, category, tokens, seconds, accepts, model="tiny-llama", text="x"):
                          "wall_time": [seconds], "accept_lengths": accepts}]}
 
 
-def write_run(folder, method, records, params=None, state=None, model="tiny-llama", env=ENV, bench=BENCH):
+def write_run(folder, method, records, params=None, state=None, model="tiny-llama", env=ENV, bench=BENCH,
+              engine=None):
     folder.mkdir(parents=True)
     (folder / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (folder / "summary.json").write_text(json.dumps({
         "status": "finished", "model": model, "method": method,
-        "config": {"method": {"name": method, **(params or {})}, "bench": bench},
+        "config": {"method": {"name": method, **(params or {})}, "bench": bench,
+                   **({"engine": engine} if engine else {})},
         "environment": env, "method_state": state or {}}))
     return folder
 
@@ -92,6 +94,22 @@ def test_labels_tell_configurations_apart(runs, tmp_path):
     assert labels == ["vanilla", "tr (k=4)", "tr (k=8)"]  # a method's settings in natural order
 
 
+def test_each_engine_is_measured_against_its_own_vanilla(tmp_path):
+    """Runs on two engines: labelled apart, and each method's speedup taken against vanilla on its engine."""
+    static = {"name": "static", "pack": "auto"}
+    write_run(tmp_path / "v_hf", "vanilla", VANILLA, engine={"name": "hf"})
+    write_run(tmp_path / "v_static", "vanilla", [rec(1, "qa", 10, 1.0, [1] * 10), rec(2, "rag", 20, 2.0, [1] * 20)],
+              engine=static)
+    write_run(tmp_path / "tr_static", "tr", TR_A, {"k": 8}, {"k": 8}, engine=static)
+    t = rp.report([str(tmp_path)], tmp_path / "out", figures=False)["table"].set_index("method")
+    assert set(t.index) == {"vanilla (engine=hf)", "vanilla (engine=static)", "tr"}
+    assert t.loc["tr", "speedup"] == pytest.approx(1.0)  # 10 tok/s against static vanilla's 10, not hf's 5
+    assert t.loc["vanilla (engine=static)", "speedup"] == pytest.approx(1.0)
+    write_run(tmp_path / "tr_hf_only" / "tr", "tr", TR_A, {"k": 8}, {"k": 8}, engine={"name": "hf"})
+    with pytest.raises(rp.HarnessError, match="no vanilla run of model tiny-llama on engine static"):
+        rp.report([str(tmp_path / "v_hf"), str(tmp_path / "tr_static")], tmp_path / "out2", figures=False)
+
+
 def test_accept_histogram_and_repeats():
     h = accept_histogram(TR_A)
     assert h.to_dict() == pytest.approx({1: 2 / 6, 4: 1 / 6, 5: 1 / 6, 9: 1 / 6, 10: 1 / 6})
@@ -122,7 +140,7 @@ def test_figures_for_methods_and_ablations(tmp_path):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("no_baseline", "no vanilla run of model other-llama (runs: tr); add that model's vanilla run"),
+    ("no_baseline", "no vanilla run of model other-llama on engine hf (runs: tr); add that model's vanilla run"),
     ("baseline_of_other_model", "is a run of ['tiny-llama'] but tr runs other-llama"),
     ("not_repeats", "are both tr on tiny-llama but answer different questions"),
     ("missing", "does not exist"),

@@ -1,0 +1,246 @@
+"""How the target model is run: one sequence, its KV cache, and three operations.
+
+Every method's forwards go through an engine (``methods.decode`` and the verifier
+``methods.verify`` call nothing else):
+
+* ``start(capacity)``: a new, empty sequence;
+* ``forward(tokens, tree=None, ...)``: run ``tokens`` after the committed prefix
+  (a causal chain, or a draft tree with tree attention) and write their KV entries;
+* ``commit(start, path)``: keep, of the entries written from ``start`` on, only the
+  accepted nodes ``path``.
+
+Two engines (``engine=`` in the Hydra config, ``conf/engine/``):
+
+``hf`` (eager, the reference): the unmodified Hugging Face model with a growing
+    ``DynamicCache``; works for every architecture transformers loads.
+``static``: a lean forward of Llama-family models (Llama, Vicuna, SmolLM2) written
+    for decoding: a preallocated KV cache written by position (``kv.StaticKV``),
+    rejected drafts left in place and masked (never copied away), the tree mask
+    built on the device from the tree's ancestor matrix, rotary tables computed
+    once, and on the CPU the weights pre-packed once for oneDNN (a packed fp32
+    matrix product of 16 rows costs about as much as one row; unpacked, about 2.4x).
+
+Both compute the same function; tokens can differ only where two logits tie to
+within rounding (``evaluation.equal`` shows where).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from methods import kv
+from methods.base import ConfigError
+from methods.tree import Tree
+from methods.verify import tree_mask
+
+ENGINES = ("hf", "static")
+
+
+class Engine:
+    """Runs the target model over one sequence at a time (see the module docstring)."""
+
+    name: str
+
+    def __init__(self, model):
+        self.model = model
+        self.device = model.device
+        self.dtype = next(model.parameters()).dtype
+
+    def start(self, capacity: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def length(self) -> int:
+        """Committed entries in the cache."""
+        raise NotImplementedError
+
+    def forward(self, tokens: torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
+                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, vocab] (``last_only``: [1, vocab]) of ``tokens`` [n] placed after the committed
+        prefix, and with ``hidden`` the last hidden states [n, hidden] (what the lm_head reads).
+
+        ``tree=None`` or a chain: causal attention. A tree: node i at position ``length + depth[i]``,
+        seeing the prefix and its ancestors. The n entries are appended (``length`` grows by n);
+        ``commit`` then keeps the accepted ones.
+        """
+        raise NotImplementedError
+
+    def commit(self, start: int, path: list[int]) -> None:
+        """Keep, of the entries appended from slot ``start`` on, the nodes ``path`` (increasing) only."""
+        raise NotImplementedError
+
+
+class HFEngine(Engine):
+    """The stock Hugging Face forward over a ``DynamicCache`` (the reference)."""
+
+    name = "hf"
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.cache = None
+
+    def start(self, capacity: int) -> None:
+        self.cache = kv.new_cache(self.model)
+
+    @property
+    def length(self) -> int:
+        return kv.length(self.cache)
+
+    def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
+        kwargs = {}
+        if tree is not None and not tree.is_chain:
+            kwargs = dict(position_ids=(tree.depth + self.length).view(1, -1),
+                          attention_mask=tree_mask(tree, self.length, self.dtype))
+        out = self.model(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0, output_hidden_states=hidden, **kwargs)
+        return out.logits[0], (out.hidden_states[-1][0] if hidden else None)
+
+    def commit(self, start: int, path: list[int]) -> None:
+        kv.commit(self.cache, start, path)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class _Linear:
+    """``x @ W.T + b`` for 2-D ``x``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN."""
+
+    def __init__(self, layer: torch.nn.Linear, pack: bool):
+        self.weight, self.bias = layer.weight, layer.bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach()) if pack else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+
+
+class _Layer:
+    """One Llama decoder layer on 2-D activations [n, hidden]."""
+
+    def __init__(self, layer, pack: bool):
+        at, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = (_Linear(m, pack) for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
+        self.gate, self.up, self.down = (_Linear(m, pack) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn
+        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.heads, self.kv_heads, self.head_dim = at.config.num_attention_heads, at.config.num_key_value_heads, \
+            at.head_dim
+        self.scale = at.scaling
+
+    def qkv(self, x, cos, sin):
+        """Pre-attention: the rotated queries [heads, n, d] and keys and values [kv_heads, n, d]."""
+        n = x.shape[0]
+        h = self.norm1(x)
+        q = self.q(h).view(n, self.heads, self.head_dim).transpose(0, 1)
+        k = self.k(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = self.v(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def attend(self, q, keys, values, mask):
+        o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=self.scale,
+                                           enable_gqa=self.heads != self.kv_heads)
+        return o[0].transpose(0, 1).reshape(q.shape[1], self.heads * self.head_dim)
+
+    def rest(self, x, o):
+        """Post-attention: output projection, residual, MLP, residual."""
+        x = x + self.o(o)
+        h = self.norm2(x)
+        return x + self.down(self.act(self.gate(h)) * self.up(h))
+
+
+SPAN = 64  # attention reads the cache up to the committed length + n, rounded up to this many slots
+
+
+class StaticEngine(Engine):
+    """The lean Llama forward over a preallocated cache (see the module docstring)."""
+
+    name = "static"
+
+    def __init__(self, model, *, pack: bool | None = None):
+        super().__init__(model)
+        cfg = model.config
+        if cfg.model_type != "llama":
+            raise ConfigError(f"engine=static runs Llama-architecture models; this one is '{cfg.model_type}'. "
+                              f"Use engine=hf")
+        if pack is None:
+            pack = can_pack(self.device, self.dtype)
+        elif pack and not can_pack(self.device, self.dtype):
+            raise ConfigError(f"engine.pack=true needs the CPU with float32 or bfloat16 and oneDNN; here "
+                              f"{self.device.type}, {self.dtype}. Set engine.pack=auto")
+        inner = model.model
+        self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.lm_head = _Linear(model.lm_head, pack)
+        self.layers = [_Layer(layer, pack) for layer in inner.layers]
+        self.head_dim = self.layers[0].head_dim
+        self.cache: kv.StaticKV | None = None
+        self._rope = (torch.empty(0), torch.empty(0))
+
+    def start(self, capacity: int) -> None:
+        capacity = -(-capacity // SPAN) * SPAN
+        if self.cache is None or self.cache.capacity < capacity:
+            self.cache = kv.StaticKV(len(self.layers), self.model.config.num_key_value_heads, self.head_dim,
+                                     capacity, self.dtype, self.device)
+        self.cache.length = 0
+        if self._rope[0].shape[0] < capacity:
+            pos = torch.arange(capacity, device=self.device)[None]
+            cos, sin = self.rotary(torch.empty(1, dtype=self.dtype, device=self.device), pos)
+            self._rope = (cos[0], sin[0])  # [capacity, head_dim]
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    @torch.inference_mode()
+    def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
+        n, past, cache = tokens.shape[0], self.cache.length, self.cache
+        cache.reserve(past + n)
+        if tree is None or tree.is_chain:
+            positions = torch.arange(past, past + n, device=self.device)
+            ancestors = None
+        else:
+            positions, ancestors = tree.depth + past, tree.ancestors
+        span = min(-(-(past + n) // SPAN) * SPAN, cache.capacity)
+        # [n, span] bool: the committed prefix, then the node's ancestors (or the causal triangle) among the n new.
+        rel = torch.arange(span, device=self.device) - past
+        if ancestors is None:
+            mask = rel[None, :] <= torch.arange(n, device=self.device)[:, None]
+        else:
+            mask = (rel < 0) | ((rel < n) & ancestors[:, rel.clamp(0, n - 1)])
+        cos, sin = self._rope[0][positions], self._rope[1][positions]
+        slots = torch.arange(past, past + n, device=self.device)
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            keys, values = cache.write(i, slots, k, v, span)
+            x = layer.rest(x, layer.attend(q, keys, values, mask))
+        cache.length = past + n
+        h = self.norm(x)
+        return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
+
+    def commit(self, start: int, path: list[int]) -> None:
+        self.cache.commit(start, path)
+
+
+def build_engine(model, params: dict | None = None) -> Engine:
+    """The engine named by ``params['name']`` (``conf/engine/``) for ``model``."""
+    params = dict(params or {"name": "hf"})
+    name = params.pop("name", "hf")
+    if name == "hf":
+        if params:
+            raise ConfigError(f"engine 'hf' has no parameter(s) {', '.join(sorted(params))}")
+        return HFEngine(model)
+    if name == "static":
+        pack = params.pop("pack", "auto")
+        if params:
+            raise ConfigError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack")
+        if pack not in ("auto", True, False):
+            raise ConfigError(f"engine.pack must be auto, true or false, got {pack!r}")
+        return StaticEngine(model, pack=None if pack == "auto" else pack)
+    raise ConfigError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")

@@ -1,0 +1,97 @@
+"""method.tree=auto: the cost curve, the choice (a plain step when nothing beats it), the saved tree, losslessness."""
+import json
+
+import pytest
+import torch
+
+from evaluation import calibrate
+from evaluation.answers import read_answers
+from evaluation.equal import compare
+from evaluation.run import compose_config, run
+from methods.autotree import choose_tree, cost_curve, expected_length
+from methods.base import build_proposer
+from methods.tree import Tree, load_template
+
+CPU = torch.device("cpu")
+
+
+def test_cost_curve_interpolates_and_never_falls():
+    rows = [{"tokens": 1, "ms": 10.0}, {"tokens": 4, "ms": 10.0}, {"tokens": 8, "ms": 30.0}, {"tokens": 16, "ms": 20.0}]
+    c = cost_curve(rows)
+    assert sorted(c) == list(range(1, 17))
+    assert c[2] == 10.0 and c[6] == 20.0 and c[8] == 30.0
+    assert c[12] == 30.0 and c[16] == 30.0  # the noisy dip at 16 is not believed
+
+
+def test_expected_length_by_hand():
+    p = [[0.5, 0.2], [0.4, 0.1]]
+    tree = Tree.from_parents((-1, 0, 0, 1))  # d1 r0 (0.5), d1 r1 (0.2), d2 r0 under the first (0.5 * 0.4)
+    assert expected_length(p, tree) == pytest.approx(1 + 0.5 + 0.2 + 0.2)
+    assert expected_length(p, Tree.from_parents((-1,))) == 1.0
+
+
+def test_choice_follows_the_cost_and_falls_back_to_the_plain_step():
+    p = [[0.5]]  # one rank: chains, E(n) = 1 + 0.5 + 0.25 + ...
+    pick = lambda cost: choose_tree(p, cost, k=1)  # noqa: E731
+    # 10 ms per token forwarded: no draft pays for itself
+    steep = pick({n: 10.0 * n for n in range(1, 9)})
+    assert steep["drafts"] == 0 and steep["tree"].size == 1 and steep["expected_speedup"] == 1.0
+    # 1.5 tokens for 12 ms (0.125/ms) beats 1 for 10 (0.1) and 1.75 for 16 (0.109)
+    mid = pick({1: 10.0, 2: 12.0, 3: 16.0, 4: 40.0})
+    assert mid["drafts"] == 1 and mid["tree"].parents == (-1, 0)
+    assert mid["expected_speedup"] == pytest.approx(0.125 / 0.1)
+    # free drafts: the deepest chain allowed
+    flat = pick({n: 10.0 for n in range(1, 17)})
+    assert flat["tree"].parents == Tree.chain(9).parents  # depth capped at 8
+    assert [s["drafts"] for s in flat["scores"]] == list(range(16))
+
+
+def test_measured_candidates_decide_when_given():
+    """Scored by the MAT each candidate reached, not by the model's E(n)."""
+    p = [[0.9, 0.5]]
+    cost = {n: 10.0 + n for n in range(1, 40)}
+    model = choose_tree(p, cost, k=2)
+    assert model["drafts"] > 2  # the model believes in big trees
+    measured = choose_tree(p, cost, k=2, measured={1: 1.5, 2: 1.2, 8: 1.6})
+    assert [s["drafts"] for s in measured["scores"]] == [0, 1, 2, 8]
+    assert measured["drafts"] == 1 and measured["expected_speedup"] == pytest.approx((1.5 / 12) / (1 / 11))
+    assert choose_tree(p, cost, k=2, measured={1: 1.05, 4: 1.2})["drafts"] == 0  # nothing beats a plain step
+
+
+def test_tr_keeps_the_chosen_tree_in_its_state():
+    auto = build_proposer("tr", {"tree": "auto"}, vocab_size=96, device=CPU)
+    assert auto.tree.size == 1  # a plain step until a tree is chosen
+    paper = load_template("paper")
+    auto.set_tree(paper, {"drafts": paper.size - 1})
+    state = auto.state_dict()
+    resumed = build_proposer("tr", {"tree": "auto"}, vocab_size=96, device=CPU)
+    resumed.load_state_dict(state)
+    assert resumed.tree.parents == paper.parents and resumed.summary()["auto"] == {"drafts": paper.size - 1}
+    fixed = build_proposer("tr", {"tree": "grown-n30-d6"}, vocab_size=96, device=CPU)
+    with pytest.raises(ValueError, match="drafts with another tree than 'grown-n30-d6'"):
+        fixed.load_state_dict(state)
+
+
+def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch):
+    """Calibrated on our own prompts (cached), costed on this engine, saved as tree.json, and lossless."""
+    monkeypatch.setattr(calibrate, "PROMPTS", 4)
+    monkeypatch.setattr(calibrate, "TOKENS", 12)
+    monkeypatch.setattr(calibrate, "CANDIDATES", (1, 3))
+    monkeypatch.setattr(calibrate, "CANDIDATE_PROMPTS", 3)
+    monkeypatch.setattr(calibrate, "CANDIDATE_TOKENS", 8)
+    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "cache")
+    common = ["bench.question_ids=[81,161,321]", "bench.max_new_tokens=24", "warmup=1", "runtime.progress=false"]
+    auto = run(compose_config(["method=tr", "method.tree=auto", *common]), tmp_path / "auto")
+    vanilla = run(compose_config(["method=vanilla", *common]), tmp_path / "vanilla")
+    assert compare(read_answers(vanilla), read_answers(auto))[2] == []
+    state = json.loads((auto / "summary.json").read_text())["method_state"]
+    choice = state["auto"]
+    saved = json.loads((auto / "tree.json").read_text())
+    assert saved["parents"] == state["tree_parents"] and len(saved["parents"]) == choice["drafts"] + 1
+    best = max(choice["scores"], key=lambda s: s["tokens_per_ms"])
+    assert best["drafts"] == choice["drafts"] and [s["drafts"] for s in choice["scores"]] == [0, 1, 3]
+    assert all(s["measured_mat"] >= 1 for s in choice["scores"])
+    assert choice["calibration"]["prompts"].startswith("evaluation.own_prompts.calibration_prompts(4)")
+    assert len(list((tmp_path / "cache" / "autotree").glob("*.json"))) == 1
+    # the saved tree is a template a later run can draft with
+    assert load_template(str(auto / "tree.json")).parents == tuple(saved["parents"])

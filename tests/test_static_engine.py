@@ -1,0 +1,97 @@
+"""The lean static engine against the reference forward, on tiny random Llamas built here."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+from methods import kv
+from methods.base import ConfigError
+from methods.engine import HFEngine, StaticEngine, build_engine
+from methods.tree import Tree, load_template
+
+
+def _logits_close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_same_function_as_the_reference_forward(tiny_model, pack):
+    """Prefill, a tree, a commit of a path that skips nodes, a chain after it: logits and hidden states agree."""
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(96, (23,), generator=gen)
+    tree = Tree.from_parents((-1, 0, 0, 1, 2, 2, 4))
+    drafts = torch.randint(96, (tree.size,), generator=gen)
+    hf, st = HFEngine(tiny_model), StaticEngine(tiny_model, pack=pack)
+    out = {}
+    for e in (hf, st):
+        e.start(8)  # smaller than needed: the static cache grows
+        a = e.forward(prompt, hidden=True)
+        last = e.forward(prompt[:0].new_tensor([5]), last_only=True)[0]
+        e.commit(23, [])  # drop it again
+        b = e.forward(drafts, tree, hidden=True)
+        e.commit(23, [0, 2, 4, 6])
+        c = e.forward(torch.tensor([7, 8, 9]))
+        out[e.name] = (a, last, b, c, e.length)
+    (a1, l1, b1, c1, n1), (a2, l2, b2, c2, n2) = out["hf"], out["static"]
+    for x, y in [(a1[0], a2[0]), (a1[1], a2[1]), (l1, l2), (b1[0], b2[0]), (b1[1], b2[1]), (c1[0], c2[0])]:
+        _logits_close(x, y)
+    assert l1.shape == (1, 96) and n1 == n2 == 23 + 4 + 3
+
+
+def test_tree_nodes_see_exactly_their_ancestors(tiny_model):
+    """Each node's logits equal a plain causal forward of the prefix plus its own root-to-node path."""
+    tree = load_template("paper")
+    gen = torch.Generator().manual_seed(2)
+    prompt, drafts = torch.randint(96, (9,), generator=gen), torch.randint(96, (tree.size,), generator=gen)
+    st = StaticEngine(tiny_model)
+    st.start(200)
+    st.forward(prompt)
+    logits, _ = st.forward(drafts, tree)
+    for node in (0, 1, 7, 30, tree.size - 1):
+        path = tree.path_to(node)
+        ref = tiny_model(torch.cat([prompt, drafts[path]])[None]).logits[0, -1]
+        _logits_close(logits[node], ref)
+
+
+def test_rejected_entries_stay_in_place_and_are_never_seen(tiny_model):
+    """Committing a path moves only its entries; stale slots past the length are masked on the next step."""
+    st = StaticEngine(tiny_model)
+    st.start(64)
+    st.forward(torch.arange(1, 11))
+    tree = Tree.from_parents((-1, 0, 0, 0, 3))
+    st.forward(torch.tensor([11, 50, 51, 12, 13]), tree)
+    keys_before = st.cache.keys[:, :, 14].clone()  # node 4's entry (slot 10 + 4)
+    st.commit(10, [0, 3, 4])
+    assert st.length == 13 and torch.equal(st.cache.keys[:, :, 14], keys_before)  # left where it was
+    logits, _ = st.forward(torch.tensor([14]))
+    ref = tiny_model(torch.tensor([list(range(1, 12)) + [12, 13, 14]])).logits[0, -1]
+    _logits_close(logits[0], ref)
+
+
+def test_static_kv_commit_moves_the_path():
+    cache = kv.StaticKV(layers=2, kv_heads=1, head_dim=1, capacity=16, dtype=torch.float32, device="cpu")
+    cache.keys[:, 0, :, 0] = torch.arange(16.0)
+    cache.commit(8, [0, 2, 5])
+    assert cache.length == 11 and cache.keys[0, 0, 8:11, 0].tolist() == [8.0, 10.0, 13.0]
+    cache.commit(8, [0, 1])  # a prefix: no copy
+    assert cache.length == 10 and cache.keys[1, 0, 8:11, 0].tolist() == [8.0, 10.0, 13.0]
+    cache.reserve(40)
+    assert cache.capacity >= 40 and cache.keys[0, 0, 9, 0] == 10.0
+
+
+def test_build_engine_refuses_what_cannot_work(tiny_model):
+    assert isinstance(build_engine(tiny_model, {"name": "hf"}), HFEngine)
+    assert isinstance(build_engine(tiny_model, {"name": "static", "pack": "auto"}), StaticEngine)
+    with pytest.raises(ConfigError, match="unknown engine 'turbo'; known: hf, static"):
+        build_engine(tiny_model, {"name": "turbo"})
+    with pytest.raises(ConfigError, match="engine 'static' has no parameter.s. compile; known: pack"):
+        build_engine(tiny_model, {"name": "static", "compile": True})
+    with pytest.raises(ConfigError, match="engine.pack must be auto, true or false"):
+        build_engine(tiny_model, {"name": "static", "pack": "yes"})
+    half = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1)).half()
+    with pytest.raises(ConfigError, match="engine.pack=true needs the CPU with float32 or bfloat16"):
+        build_engine(half, {"name": "static", "pack": True})
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ConfigError, match="engine=static runs Llama-architecture models; this one is 'mistral'"):
+        build_engine(mistral, {"name": "static"})
