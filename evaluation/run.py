@@ -210,7 +210,7 @@ def run(cfg: DictConfig, out: Path) -> Path:
             "name": "auto", "parents": state_now["tree_parents"],
             "description": f"chosen by method.tree=auto for {runner.spec.name} on {summary['environment']['device']} "
                            f"({auto['cpu_threads']} threads), engine {cfg.engine.name}: {auto['drafts']} drafts, "
-                           f"expected accepted length {auto['expected_length']:.2f}, expected speedup "
+                           f"MAT {auto['mat']:.2f} ({auto['mat_source']}), expected speedup "
                            f"{auto['expected_speedup']:.2f}x"})
 
     from tqdm import tqdm

@@ -127,7 +127,8 @@ def expected_length(p: list[list[float]], tree: Tree) -> float:
 
 def choose_tree(p: list[list[float]], cost: dict[int, float], k: int, max_depth: int = MAX_DEPTH,
                 measured: dict[int, float] | None = None) -> dict:
-    """The tree maximising expected tokens per millisecond; every candidate size scored.
+    """The tree maximising expected tokens per millisecond; every candidate size scored (``mat``: the
+    accepted length a score used).
 
     Without ``measured``, every draft count n below the curve's end is a candidate, scored by the model's
     ``E(n)``. With ``measured`` (draft count -> MAT that grown tree reached in calibration), those counts
@@ -140,10 +141,11 @@ def choose_tree(p: list[list[float]], cost: dict[int, float], k: int, max_depth:
         tree = grow_tree(p, n, max_depth, k) if n else Tree.from_parents((-1,))
         e = expected_length(p, tree)
         mat = (measured or {}).get(n, 1.0) if measured else e
-        scores.append({"drafts": n, "expected_length": e, **({"measured_mat": mat} if measured else {}),
-                       "ms": cost[n + 1], "tokens_per_ms": mat / cost[n + 1], "tree": tree})
+        scores.append({"drafts": n, "expected_length": e, "mat": mat, "ms": cost[n + 1],
+                       "tokens_per_ms": mat / cost[n + 1], "tree": tree})
     best = max(scores, key=lambda s: (s["tokens_per_ms"], -s["drafts"]))
     plain = scores[0]
     return {"tree": best["tree"], "drafts": best["drafts"], "expected_length": best["expected_length"],
+            "mat": best["mat"], "mat_source": "calibration decode" if measured else "model",
             "expected_speedup": best["tokens_per_ms"] / plain["tokens_per_ms"],
             "scores": [{k_: v for k_, v in s.items() if k_ != "tree"} for s in scores]}

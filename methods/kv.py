@@ -72,7 +72,7 @@ class StaticKV:
         return self.keys.shape[2]
 
     def reserve(self, n: int) -> None:
-        """Make room for ``n`` slots (doubling; rarely needed: ``Engine.start`` sizes the cache)."""
+        """Make room for ``n`` slots (at least doubling, keeping the entries)."""
         if n > self.capacity:
             grow = max(n, 2 * self.capacity) - self.capacity
             pad = (0, 0, 0, grow)

@@ -145,9 +145,10 @@ def project(rows: list[dict], mat: float | None, accept: str | None) -> dict:
         table = json.loads(path.read_text())
         measured = {int(n): m for n, m in table.get("measured", {}).items()} or None
         choice = choose_tree(table["accept"], curve, table["source"]["k"], measured=measured)
-        out["auto"] = {"drafts": choice["drafts"], "expected_length": choice["expected_length"],
-                       "speedup": choice["expected_speedup"], "parents": list(choice["tree"].parents)}
-        print(f"tree=auto: {choice['drafts']} drafts, expected length {choice['expected_length']:.2f} "
+        mat = choice["mat"]
+        out["auto"] = {"drafts": choice["drafts"], "mat": mat, "speedup": choice["expected_speedup"],
+                       "parents": list(choice["tree"].parents)}
+        print(f"tree=auto: {choice['drafts']} drafts, MAT {mat:.2f} ({choice['mat_source']}) "
               f"-> projected speedup {choice['expected_speedup']:.2f}x")
     return out
 

@@ -90,7 +90,7 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch):
     assert saved["parents"] == state["tree_parents"] and len(saved["parents"]) == choice["drafts"] + 1
     best = max(choice["scores"], key=lambda s: s["tokens_per_ms"])
     assert best["drafts"] == choice["drafts"] and [s["drafts"] for s in choice["scores"]] == [0, 1, 3]
-    assert all(s["measured_mat"] >= 1 for s in choice["scores"])
+    assert all(s["mat"] >= 1 for s in choice["scores"]) and choice["mat_source"] == "calibration decode"
     assert choice["calibration"]["prompts"].startswith("evaluation.own_prompts.calibration_prompts(4)")
     assert len(list((tmp_path / "cache" / "autotree").glob("*.json"))) == 1
     # the saved tree is a template a later run can draft with
