@@ -11,7 +11,8 @@ Two measurements, one model:
   under ``data/cache/autotree/``.
 * **cost** ``c(N)``: the latency of one verification of N tokens through the run's own
   engine on this device (``measure_cost``), taken when the run starts, at 256 cached
-  tokens, made non-decreasing in N (noise must not make a larger tree look cheaper).
+  tokens: each size's fastest of 5 repeats, fitted non-decreasing in N (noise must make
+  neither a larger tree look cheaper nor one slow sample penalise every larger size).
 
 For every number of drafts n, ``methods.tree.grow_tree`` gives the tree of n drafts with
 the largest expected accepted length ``E(n) = 1 + sum over nodes of the product of p along
@@ -50,7 +51,7 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 3) -> list[dict]:
+def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5) -> list[dict]:
     """Median latency (ms) of verifying N tokens after C cached ones, through ``engine``.
 
     Each point runs the shared verifier on a star tree of N nodes (a root and N - 1
@@ -84,15 +85,24 @@ def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 3) -> 
 
 
 def cost_curve(rows: list[dict]) -> dict[int, float]:
-    """ms per forward for every N from 1 to the largest measured: linear between measured points,
-    non-decreasing (a running maximum over N)."""
-    pts = sorted((r["tokens"], r["ms"]) for r in rows)
-    curve, best = {}, 0.0
-    for (n0, c0), (n1, c1) in zip(pts, pts[1:] + [pts[-1]]):
+    """ms per forward for every N from 1 to the largest measured, from each size's fastest repeat (a
+    shared machine's spikes only ever add time), fitted non-decreasing in N (adjacent sizes that
+    violate the order are pooled into their mean), linear between measured sizes."""
+    pts = sorted((r["tokens"], r.get("ms_min", r["ms"])) for r in rows)
+    blocks: list[list[float]] = []  # [sum, count, n of the block's sizes...] pooled left to right
+    for n, ms in pts:
+        blocks.append([ms, 1, n])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            blocks[-1][0] += last[0]
+            blocks[-1][1] += last[1]
+            blocks[-1].extend(last[2:])
+    fitted = {n: b[0] / b[1] for b in blocks for n in b[2:]}
+    curve = {}
+    for (n0, _), (n1, _) in zip(pts, pts[1:] + [pts[-1]]):
+        c0, c1 = fitted[n0], fitted[n1]
         for n in range(n0, max(n1, n0 + 1)):
-            c = c0 + (c1 - c0) * (n - n0) / (n1 - n0) if n1 > n0 else c0
-            best = max(best, c)
-            curve[n] = best
+            curve[n] = c0 + (c1 - c0) * (n - n0) / (n1 - n0) if n1 > n0 else c0
     return curve
 
 
