@@ -21,6 +21,7 @@ from evaluation.prompts import prompt_ids
 from methods.autotree import MAX_DEPTH, acceptance_table, choose_tree, cost_curve, measure_cost
 from methods.base import build_proposer
 from methods.decode import generate
+from methods.tr import TokenRecycling
 from methods.tree import grow_tree
 
 PROMPTS = 48  # the first three quarters warm the matrix, the last quarter is counted
@@ -30,11 +31,11 @@ CANDIDATE_PROMPTS = 24  # each: the first two thirds warm the matrix
 CANDIDATE_TOKENS = 64
 
 
-def _decode(runner, proposer, n: int, tokens: int, warm: int) -> tuple[int, int]:
-    """Decode calibration prompts 0..n-1 with ``proposer``; (tokens, steps) of the prompts from ``warm`` on.
-    The proposer's node statistics start at ``warm``."""
+def _decode(runner, proposer: TokenRecycling, prompts: int, tokens: int, warm: int) -> tuple[int, int]:
+    """Decode ``calibration_prompts(prompts)`` with ``proposer``: (new tokens, steps) of the prompts from
+    ``warm`` on, where the proposer's node statistics start."""
     new = steps = 0
-    for i, text in enumerate(calibration_prompts(n)):
+    for i, text in enumerate(calibration_prompts(prompts)):
         if i == warm:
             proposer.node_accepts.zero_()
         ids = prompt_ids(runner.spec.template, runner.tok, [text], [])
@@ -54,7 +55,7 @@ def calibration(runner) -> dict:
         saved = json.loads(file.read_text())
         return {**saved, "measured": {int(n): m for n, m in saved["measured"].items()}}
 
-    def tr_with(tree) -> object:
+    def tr_with(tree: str) -> TokenRecycling:
         return build_proposer("tr", {"k": tr.k, "tree": tree, "start": tr.start, "fit_tree_to_k": True},
                               vocab_size=runner.model.config.vocab_size, device=runner.device)
 
@@ -68,7 +69,7 @@ def calibration(runner) -> dict:
     bar.update()
     measured = {}
     for n in CANDIDATES:
-        candidate = tr_with("paper")
+        candidate = tr_with("auto")
         candidate.set_tree(grow_tree(table, n, MAX_DEPTH, tr.k))
         new, cand_steps = _decode(runner, candidate, CANDIDATE_PROMPTS, CANDIDATE_TOKENS, CANDIDATE_PROMPTS * 2 // 3)
         measured[n] = new / cand_steps
