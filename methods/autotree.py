@@ -32,7 +32,9 @@ import time
 import torch
 
 from methods.base import Draft
+from methods.decode import _sync
 from methods.tree import Tree, grow_tree
+from methods.verify import verify
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 81)  # tokens per forward whose cost is measured
 CONTEXT = 256  # cached tokens when measuring cost
@@ -45,20 +47,14 @@ def star(n: int) -> Tree:
     return Tree.from_parents([-1] + [0] * (n - 1))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.inference_mode()
 def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5) -> list[dict]:
-    """Median latency (ms) of verifying N tokens after C cached ones, through ``engine``.
+    """Latency of verifying N tokens after C cached ones through ``engine``: ``ms`` the median of the
+    repeats, ``ms_min`` the fastest.
 
     Each point runs the shared verifier on a star tree of N nodes (a root and N - 1
     children), then drops the draft from the cache; one untimed run first.
     """
-    from methods.verify import verify
-
     rows = []
     gen = torch.Generator().manual_seed(0)
     vocab, device = engine.model.config.vocab_size, engine.device
