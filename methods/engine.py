@@ -191,14 +191,16 @@ class StaticEngine(Engine):
         self.cache.length = 0
         self._room(capacity)
 
-    def _room(self, n: int) -> None:
-        """Cache slots and rotary tables for ``n`` positions (grown, never shrunk: allocated once per size)."""
+    def _room(self, n: int) -> int:
+        """Cache slots and rotary tables for ``n`` positions (grown, never shrunk: allocated once per size);
+        returns ``n`` rounded up to whole spans."""
         n = -(-n // SPAN) * SPAN
         self.cache.reserve(n)
         if self._rope[0].shape[0] < n:
             pos = torch.arange(self.cache.capacity, device=self.device)[None]
             cos, sin = self.rotary(torch.empty(1, dtype=self.dtype, device=self.device), pos)
             self._rope = (cos[0], sin[0])  # [capacity, head_dim]
+        return n
 
     @property
     def length(self) -> int:
@@ -207,14 +209,13 @@ class StaticEngine(Engine):
     @torch.inference_mode()
     def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
         n, past = tokens.shape[0], self.cache.length
-        self._room(past + n)
+        span = self._room(past + n)
         cache = self.cache
         if tree is None or tree.is_chain:
             positions = torch.arange(past, past + n, device=self.device)
             ancestors = None
         else:
             positions, ancestors = tree.depth + past, tree.ancestors
-        span = min(-(-(past + n) // SPAN) * SPAN, cache.capacity)
         # [n, span] bool: the committed prefix, then the node's ancestors (or the causal triangle) among the n new.
         rel = torch.arange(span, device=self.device) - past
         if ancestors is None:
