@@ -126,10 +126,15 @@ def load_run(file: Path, label: str | None = None) -> Run:
 
 
 def engine_name(engine: dict | None) -> str:
-    """``hf``, ``static`` or ``static(pack=false)`` from a run's engine config (runs from before engines: ``hf``)."""
+    """``hf``, ``static``, ``static(pack=false)``, ``static(compiled)`` or ``static(compiled:reduce-overhead)``
+    from a run's engine config (runs from before engines: ``hf``)."""
     if not engine:
         return "hf"
-    return engine["name"] + ("" if engine.get("pack", "auto") == "auto" else f"(pack={engine['pack']})")
+    notes = [] if engine.get("pack", "auto") == "auto" else [f"pack={engine['pack']}"]
+    if engine.get("compile"):
+        mode = engine.get("compile_mode", "default")
+        notes.append("compiled" + ("" if mode == "default" else f":{mode}"))
+    return engine["name"] + (f"({','.join(notes)})" if notes else "")
 
 
 def collect(paths: list[str]) -> list[Run]:

@@ -21,10 +21,22 @@ Two engines (``engine=`` in the Hydra config, ``conf/engine/``):
     of these machines: the MLP weights times 16 rows in 18 ms packed, 44 ms unpacked;
     times one row, 10 and 18 ms).
 
+    ``engine.compile=true``: the decoder layers of every verification step run as a
+    ``torch.compile`` graph, one per step size (the number of tree nodes), static in
+    that size and dynamic only in the attention span and the cache capacity; the
+    prefill (its size is the prompt's) stays eager. The weights are the graph's
+    inputs, not packed for oneDNN (inductor's freezing would pack them but cannot cache
+    its artefacts); the compiled code is cached on disk (``data/cache/inductor``), so
+    only the first run pays for the code generation.
+    ``engine.compile_mode`` is passed on (``reduce-overhead`` adds CUDA graphs on a GPU).
+
 Both compute the same function; tokens can differ only where two logits tie to
 within rounding (``evaluation.equal`` shows where).
 """
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +47,8 @@ from methods.tree import Tree
 from methods.verify import tree_mask
 
 ENGINES = ("hf", "static")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+INDUCTOR_CACHE = Path(__file__).resolve().parents[1] / "data" / "cache" / "inductor"
 
 
 class Engine:
@@ -164,7 +178,7 @@ class StaticEngine(Engine):
 
     name = "static"
 
-    def __init__(self, model, *, pack: bool | None = None):
+    def __init__(self, model, *, pack: bool | None = None, compile: bool = False, mode: str = "default"):
         super().__init__(model)
         cfg = model.config
         if cfg.model_type != "llama":
@@ -178,10 +192,14 @@ class StaticEngine(Engine):
         inner = model.model
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.lm_head = _Linear(model.lm_head, pack)
-        self.layers = [_Layer(layer, pack) for layer in inner.layers]
+        self.layers = [_Layer(layer, pack and not compile) for layer in inner.layers]
         self.head_dim = self.layers[0].head_dim
         self.cache: kv.StaticKV | None = None
         self._rope = (torch.empty(0), torch.empty(0))
+        self._step, self._compiled = self._layers, compile
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._step = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
 
     @torch.inference_mode()
     def start(self, capacity: int) -> None:
@@ -196,6 +214,9 @@ class StaticEngine(Engine):
         returns ``n`` rounded up to whole spans."""
         n = -(-n // SPAN) * SPAN
         self.cache.reserve(n)
+        if self._compiled and self.device.type == "cuda":  # CUDA graphs replay on the cache in place
+            torch._dynamo.mark_static_address(self.cache.keys)
+            torch._dynamo.mark_static_address(self.cache.values)
         if self._rope[0].shape[0] < n:
             pos = torch.arange(self.cache.capacity, device=self.device)[None]
             cos, sin = self.rotary(torch.empty(1, dtype=self.dtype, device=self.device), pos)
@@ -225,13 +246,25 @@ class StaticEngine(Engine):
         cos, sin = self._rope[0][positions], self._rope[1][positions]
         slots = torch.arange(past, past + n, device=self.device)
         x = self.embed(tokens)
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(x, cos, sin)
-            keys, values = cache.write(i, slots, k, v, span)
-            x = layer.rest(x, layer.attend(q, keys, values, mask))
+        if tree is None:  # the prefill: eager
+            x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values)
+        else:  # a step: compiled when engine.compile is on (one graph per size n, any span)
+            for t, dim in ((mask, 1), (cache.keys, 2), (cache.values, 2)):  # the span and the cache capacity
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+            x = self._step(x, cos, sin, mask, slots, cache.keys, cache.values)
         cache.length = past + n
         h = self.norm(x)
         return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
+
+    def _layers(self, x, cos, sin, mask, slots, keys, values):
+        """The decoder layers over [n, hidden] activations; writes the n new entries into the cache
+        ``keys/values`` [layers, kv_heads, capacity, head_dim] and attends over the first ``mask.shape[1]``."""
+        span = mask.shape[1]
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            k, v = kv.StaticKV.write(keys, values, i, slots, k, v, span)
+            x = layer.rest(x, layer.attend(q, k, v, mask))
+        return x
 
     @torch.inference_mode()
     def commit(self, start: int, path: list[int]) -> None:
@@ -247,10 +280,18 @@ def build_engine(model, params: dict | None = None) -> Engine:
             raise ConfigError(f"engine 'hf' has no parameter(s) {', '.join(sorted(params))}")
         return HFEngine(model)
     if name == "static":
-        pack = params.pop("pack", "auto")
+        pack, compile_, mode = params.pop("pack", "auto"), params.pop("compile", False), params.pop("compile_mode",
+                                                                                                  "default")
         if params:
-            raise ConfigError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack")
+            raise ConfigError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack, "
+                              f"compile, compile_mode")
         if pack not in ("auto", True, False):
             raise ConfigError(f"engine.pack must be auto, true or false, got {pack!r}")
-        return StaticEngine(model, pack=None if pack == "auto" else pack)
+        if compile_ not in (True, False):
+            raise ConfigError(f"engine.compile must be true or false, got {compile_!r}")
+        if mode not in COMPILE_MODES:
+            raise ConfigError(f"engine.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+        if compile_:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
+        return StaticEngine(model, pack=None if pack == "auto" else pack, compile=compile_, mode=mode)
     raise ConfigError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")

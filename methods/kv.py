@@ -79,10 +79,13 @@ class StaticKV:
             self.keys = torch.nn.functional.pad(self.keys, pad)
             self.values = torch.nn.functional.pad(self.values, pad)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int):
-        """Write ``k, v`` [kv_heads, n, head_dim] at ``slots``; return the layer's first ``span`` slots (views).
-        The engine appends: after its last layer it sets ``length`` past the new slots."""
-        keys, values = self.keys[layer], self.values[layer]
+    @staticmethod
+    def write(keys: torch.Tensor, values: torch.Tensor, layer: int, slots: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, span: int):
+        """Write ``k, v`` [kv_heads, n, head_dim] at ``slots`` of a cache's ``keys, values`` (a ``StaticKV``'s,
+        passed in so that a compiled step takes them as inputs); return the layer's first ``span`` slots
+        (views). The engine appends: after its last layer it sets ``length`` past the new slots."""
+        keys, values = keys[layer], values[layer]
         keys.index_copy_(1, slots, k)
         values.index_copy_(1, slots, v)
         return keys[:, :span], values[:, :span]

@@ -244,3 +244,13 @@ def test_notebook_runs_on_a_tiny_result_set(runs, tmp_path, monkeypatch):
                    for o in c.outputs)
     assert "3.00 ± 1.41×" in text and "image/png" in text
     assert (tmp_path / "nb" / "speedup_per_task.pdf").exists()
+
+
+def test_engine_names_tell_configurations_apart():
+    assert rp.engine_name(None) == "hf"
+    assert rp.engine_name({"name": "static", "pack": "auto", "compile": False}) == "static"
+    assert rp.engine_name({"name": "static", "pack": False}) == "static(pack=False)"
+    assert rp.engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "default"}) == \
+        "static(compiled)"
+    assert rp.engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "reduce-overhead"}) \
+        == "static(compiled:reduce-overhead)"

@@ -83,8 +83,12 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
     assert isinstance(build_engine(tiny_model, {"name": "static", "pack": "auto"}), StaticEngine)
     with pytest.raises(ConfigError, match="unknown engine 'turbo'; known: hf, static"):
         build_engine(tiny_model, {"name": "turbo"})
-    with pytest.raises(ConfigError, match="engine 'static' has no parameter.s. compile; known: pack"):
-        build_engine(tiny_model, {"name": "static", "compile": True})
+    with pytest.raises(ConfigError, match="engine 'static' has no parameter.s. turbo; known: pack, compile"):
+        build_engine(tiny_model, {"name": "static", "turbo": True})
+    with pytest.raises(ConfigError, match="engine.compile must be true or false"):
+        build_engine(tiny_model, {"name": "static", "compile": "yes"})
+    with pytest.raises(ConfigError, match="engine.compile_mode must be one of default, reduce-overhead"):
+        build_engine(tiny_model, {"name": "static", "compile": True, "compile_mode": "fastest"})
     with pytest.raises(ConfigError, match="engine.pack must be auto, true or false"):
         build_engine(tiny_model, {"name": "static", "pack": "yes"})
     half = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -95,3 +99,32 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(ConfigError, match="engine=static runs Llama-architecture models; this one is 'mistral'"):
         build_engine(mistral, {"name": "static"})
+
+
+def test_compiled_steps_equal_eager_greedy_one_graph_per_size(tiny_model, tmp_path):
+    """engine.compile=true: vanilla and TR tokens equal ``model.generate``; the steps compile once per size
+    (the span grows without recompiling); a fresh start finds the compiled code in the disk cache."""
+    from torch._dynamo.utils import counters
+
+    from methods.base import build_proposer
+    from methods.decode import generate
+
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(1, 96, (50,), generator=gen).tolist()  # no pad id 0: generate would mask it
+    ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=90, do_sample=False)[0, 50:].tolist()
+    counters.clear()
+    engine = build_engine(tiny_model, {"name": "static", "compile": True})
+    (tmp_path / "six.json").write_text('{"parents": [-1, 0, 0, 1, 1, 2]}')
+    for method, params in [("vanilla", {}), ("tr", {"tree": str(tmp_path / "six.json")})]:
+        p = build_proposer(method, params, vocab_size=96, device=torch.device("cpu"), target=tiny_model)
+        assert generate(engine, p, prompt, max_new_tokens=90, stop_ids=set()).token_ids == ref  # spans 64 -> 256
+    long = torch.randint(1, 96, (300,), generator=gen).tolist()  # the cache grows past its first capacity
+    ref_long = tiny_model.generate(torch.tensor([long]), max_new_tokens=20, do_sample=False)[0, 300:].tolist()
+    assert generate(engine, p, long, max_new_tokens=20, stop_ids=set()).token_ids == ref_long
+    assert counters["stats"]["unique_graphs"] == 2  # n = 1 and n = 6, whatever the span and capacity
+    counters.clear()
+    torch._dynamo.reset()  # forget the compiled code in memory, as a new process would
+    again = build_engine(tiny_model, {"name": "static", "compile": True})
+    p = build_proposer("vanilla", {}, vocab_size=96, device=torch.device("cpu"), target=tiny_model)
+    assert generate(again, p, prompt, max_new_tokens=20, stop_ids=set()).token_ids == ref[:20]
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1
