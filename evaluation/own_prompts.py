@@ -1,8 +1,11 @@
 """Prompts of our own, none taken from Spec-Bench: EAGLE's training set (``scripts.train_eagle``)
 and ``tree=auto``'s calibration (``evaluation.calibrate``).
 
-Templates x topics, translations, code, and arithmetic word problems; a test checks that no
-prompt is or contains a Spec-Bench question.
+Templates x topics, translations, code, and arithmetic word problems (``instruction_prompts``), and for
+EAGLE's training also the other kinds of request Spec-Bench measures, written here from our own word lists:
+German sentences to translate, short factual questions, and multi-step word problems
+(``task_prompts``). Summaries and questions over long passages are built by ``scripts.train_eagle`` from
+the target's own texts. A test checks that no prompt is or contains a Spec-Bench question.
 """
 from __future__ import annotations
 
@@ -50,13 +53,90 @@ def arithmetic(rng: random.Random, n: int) -> list[str]:
     return out
 
 
-def training_prompts(seed: int = 0) -> list[str]:
+# German sentences from our own word lists, tokenised the way WMT test sets are (spaces before punctuation).
+DE_SUBJECTS = ["Der Bürgermeister", "Die Regierung", "Meine Schwester", "Das Unternehmen", "Die Polizei",
+               "Der Trainer", "Ein Sprecher des Ministeriums", "Die Lehrerin", "Der Verein", "Die Stadt",
+               "Der Minister", "Die Bank", "Unser Nachbar", "Die Schule", "Der Konzern", "Die Ärztin"]
+DE_ACTIONS = [("einen neuen Plan", "vorgestellt"), ("die Entscheidung", "kritisiert"), ("das Projekt", "gestoppt"),
+              ("mehr Geld für Schulen", "gefordert"), ("einen langen Bericht", "veröffentlicht"),
+              ("die Preise", "erhöht"), ("ein neues Gebäude", "eröffnet"), ("den Vertrag", "unterschrieben"),
+              ("die Ergebnisse", "bekannt gegeben"), ("viele Fragen", "beantwortet"), ("das Gesetz", "abgelehnt"),
+              ("eine Lösung", "gefunden"), ("die Zahl der Mitarbeiter", "verdoppelt"), ("ein Konzert", "organisiert")]
+DE_TIMES = ["am Montag", "gestern", "im vergangenen Jahr", "vor zwei Wochen", "am Ende des Sommers",
+            "nach langen Verhandlungen", "überraschend", "in Berlin"]
+DE_REASONS = ["", "", " , weil die Kosten stark gestiegen sind", " , obwohl viele Bürger dagegen protestiert haben",
+              " , da die Nachfrage seit Monaten wächst", " , nachdem es heftige Kritik gegeben hatte",
+              " , um die Lage in der Region zu verbessern", " , wie eine Zeitung berichtete"]
+
+QA_PLACES = ["the eiffel tower", "the great wall of china", "the statue of liberty", "the golden gate bridge",
+             "the sydney opera house", "the leaning tower of pisa", "mount rushmore", "the panama canal",
+             "the hoover dam", "big ben", "the colosseum", "machu picchu", "the taj mahal", "stonehenge",
+             "the empire state building"]
+QA_PLACE_ASKS = ["when was {x} built?", "where is {x} located?", "who designed {x}?", "why was {x} built?"]
+QA_THINGS = ["telephone", "light bulb", "printing press", "steam engine", "television", "airplane", "radio",
+             "bicycle", "camera", "computer mouse", "microwave oven", "refrigerator", "typewriter", "vaccine",
+             "electric guitar"]
+QA_THING_ASKS = ["who invented the {x}?", "when was the {x} invented?"]
+QA_COUNTRIES = ["brazil", "canada", "japan", "kenya", "norway", "peru", "egypt", "australia", "india", "mexico",
+                "portugal", "vietnam", "chile", "morocco", "iceland"]
+QA_COUNTRY_ASKS = ["what is the capital of {x}?", "what language do they speak in {x}?"]
+
+NAMES = ["Maria", "Tom", "Aisha", "Carlos", "Mei", "John", "Priya", "Lena"]
+WORD_PROBLEMS = [
+    "{n} buys {a} notebooks at ${b} each and a backpack for ${c}. How much does {n} spend in total?",
+    "A train travels at {a} miles per hour for {c} hours and then at {b} miles per hour for 2 hours. "
+    "How far does it travel in total?",
+    "{n} earns ${b} per hour and works {a} hours a week. How much does {n} earn in {c} weeks?",
+    "A bakery makes {a} loaves of bread a day and sells them for ${c} each. If {b} loaves are left over every "
+    "day, how much money does the bakery make in a week?",
+    "{n} has ${a}0. {n} spends half of it on a coat and ${b} on shoes. How much money is left?",
+    "A garden has {a} rows of tomato plants with {b} plants in each row. Each plant gives {c} tomatoes. "
+    "How many tomatoes does the garden give?",
+    "{n} reads {b} pages on Monday and twice as many on Tuesday. The book has {a}0 pages. "
+    "How many pages are left to read?",
+    "A school has {a} classes with {b} students each. If {c} students are absent, how many students are present?",
+]
+
+
+def german_sentences(rng: random.Random, n: int) -> list[str]:
+    out: set[str] = set()
+    while len(out) < n:
+        obj, verb = rng.choice(DE_ACTIONS)
+        out.add(f"{rng.choice(DE_SUBJECTS)} hat {rng.choice(DE_TIMES)} {obj} {verb}{rng.choice(DE_REASONS)} .")
+    return sorted(out)
+
+
+def factual_questions() -> list[str]:
+    return ([a.format(x=x) for x in QA_PLACES for a in QA_PLACE_ASKS]
+            + [a.format(x=x) for x in QA_THINGS for a in QA_THING_ASKS]
+            + [a.format(x=x) for x in QA_COUNTRIES for a in QA_COUNTRY_ASKS])
+
+
+def word_problems(rng: random.Random, n: int) -> list[str]:
+    return [rng.choice(WORD_PROBLEMS).format(n=rng.choice(NAMES), a=rng.randint(3, 40), b=rng.randint(2, 15),
+                                             c=rng.randint(2, 9)) for _ in range(n)]
+
+
+def instruction_prompts(seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     prompts = [t.format(t=topic) for topic in TOPICS for t in TEMPLATES]
     return prompts + TRANSLATE + CODE + arithmetic(rng, 40)
 
 
+def task_prompts(seed: int = 0) -> list[str]:
+    """Requests of the kinds Spec-Bench measures beyond instructions, none of them its questions."""
+    rng = random.Random(seed + 1)
+    return ([f"Translate German to English: {s}" for s in german_sentences(rng, 150)]
+            + [q[0].upper() + q[1:] for q in factual_questions()] + word_problems(rng, 60))
+
+
+def training_prompts(seed: int = 0) -> list[str]:
+    """EAGLE's training prompts: instructions, then the task-like requests."""
+    return instruction_prompts(seed) + task_prompts(seed)
+
+
 def calibration_prompts(n: int = 12) -> list[str]:
-    """``n`` prompts spread evenly over the whole set (every kind of prompt appears)."""
-    prompts = training_prompts()
+    """``n`` instruction prompts spread evenly over that set (every kind appears); the set is kept as it
+    was when tree=auto's cached calibrations were made."""
+    prompts = instruction_prompts()
     return [prompts[i * len(prompts) // n] for i in range(n)]

@@ -4,8 +4,9 @@
 
 1. Prompts: ``evaluation.own_prompts.training_prompts()``, our own instruction templates crossed with our
    own topics (writing, explanation, advice, translation, arithmetic word problems, code,
-   lists), plus summarisation and question answering over passages that the target wrote
-   in step 2. None is a Spec-Bench question (the tests check it).
+   lists) and requests of Spec-Bench's other kinds from our own word lists (German sentences
+   to translate, factual questions, word problems), plus summaries of and questions over
+   passages that the target wrote in step 2. None is a Spec-Bench question (the tests check it).
 2. Responses: the target's own greedy answers (self-distillation: the head learns what the
    target says, which is what it must draft), generated in batches.
 3. Features: one target forward over prompt + response gives ``f_j`` (the last hidden
@@ -38,18 +39,32 @@ from transformers import DynamicCache
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import CACHE, ROOT
-from evaluation.own_prompts import training_prompts
+from evaluation.own_prompts import TOPICS, training_prompts
 from evaluation.prompts import prompt_ids
 from evaluation.run import compose_config, model_spec
 from methods.eagle import EagleHead, expected_shapes, random_head
 from methods.verify import additive_mask
 
-def passage_prompts(passages: list[str], seed: int = 0) -> list[str]:
-    """Summarisation and question answering over the target's own texts (the copying that RAG-like tasks need)."""
+def topic_of(prompt: str) -> str:
+    return next((t for t in TOPICS if t in prompt), "this")
+
+
+def passage_prompts(passages: list[tuple[str, str]], seed: int = 0) -> list[str]:
+    """Requests over the target's own texts, given as (topic, text): short asks about one text, and, like
+    Spec-Bench's summarisation and RAG, summaries of several texts run together and a question after
+    several texts (the copying those tasks need)."""
     rng = random.Random(seed)
     asks = ["Summarize the following text in two sentences.", "What is the main point of this text?",
             "List three facts stated in the text below.", "Rewrite the following text for a younger audience."]
-    return [f"{rng.choice(asks)}\n\n{p}" for p in passages]
+    questions = ["what is {t}?", "why is {t} important?", "how does {t} work?", "what are the benefits of {t}?"]
+    texts = [t for _, t in passages]
+    out = [f"{rng.choice(asks)}\n\n{t}" for t in texts]
+    for _ in range(min(len(passages), 60)):
+        out.append("Summarize: " + " ".join(rng.sample(texts, min(4, len(texts)))))
+        chosen = rng.sample(passages, min(3, len(passages)))
+        topic = rng.choice(chosen)[0]
+        out.append(" ".join(t for _, t in chosen) + "\n" + rng.choice(questions).format(t=topic).capitalize())
+    return list(dict.fromkeys(out))
 
 
 @torch.no_grad()
@@ -90,14 +105,14 @@ def features(model, seqs: list[list[int]], device) -> list[dict]:
 
 def build_data(model, tok, template: str, args, device) -> list[dict]:
     cache = Path(args.data) if args.data else \
-        CACHE / "eagle" / args.model / f"data-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
+        CACHE / "eagle" / args.model / f"data-v2-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
     if cache.is_file():
         print(f"training data from {cache}")
         return torch.load(cache, weights_only=False)
     prompts = training_prompts()[: args.limit]
     seqs, starts = respond(model, tok, template, prompts, args.max_new_tokens, args.batch, device)
     texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
-    passages = [t for t, p in zip(texts, prompts) if p.startswith(("Write a short blog post", "Explain"))]
+    passages = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(("Write a short blog post", "Explain"))]
     more, more_starts = respond(model, tok, template, passage_prompts(passages), args.max_new_tokens, args.batch,
                                 device)
     data = features(model, seqs + more, device)

@@ -13,8 +13,8 @@ from tests.test_cli import cli
 
 def test_training_prompts_hold_no_spec_bench_question():
     turns = {t.strip() for q in load_bench(None) for t in q.turns}
-    prompts = training_prompts() + passage_prompts(["A short passage about bridges."])
-    assert len(prompts) > 500 and len(set(prompts)) == len(prompts)
+    prompts = training_prompts() + passage_prompts([("bridges", "A short passage about bridges."), ("tea", "Tea is a drink.")])
+    assert len(prompts) > 800 and len(set(prompts)) == len(prompts)
     for p in prompts:
         assert p.strip() not in turns
         assert not any(len(t) > 40 and t in p for t in turns), p
