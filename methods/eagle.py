@@ -37,6 +37,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from methods import kv
 from methods.base import ConfigError, Draft, Proposer, Verification, register
+from methods.engine import Linear, can_pack
 from methods.tree import Tree, load_template
 from methods.verify import additive_mask
 
@@ -163,7 +164,8 @@ class _Eagle(Proposer):
         self.device = device
         self.head = head.to(device=device, dtype=next(target.parameters()).dtype).eval().requires_grad_(False)
         self.embed = target.get_input_embeddings()  # shared with the target, as in EAGLE
-        self.lm_head = target.get_output_embeddings()
+        dtype = next(target.parameters()).dtype
+        self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype))  # oneDNN-packed on a CPU
         self.width, self.head_name = width, head_name  # width: candidates per node (EAGLE's top-k)
         self.cache = None
         self.pending: torch.Tensor | None = None  # [m, h] target features not yet fed to the head

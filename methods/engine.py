@@ -119,8 +119,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
-class _Linear:
-    """``x @ W.T + b`` for 2-D ``x``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN."""
+class Linear:
+    """``x @ W.T + b``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN (``can_pack``)."""
 
     def __init__(self, layer: torch.nn.Linear, pack: bool):
         self.weight, self.bias = layer.weight, layer.bias
@@ -129,7 +129,8 @@ class _Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -141,8 +142,8 @@ class _Layer:
 
     def __init__(self, layer, pack: bool):
         at, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (_Linear(m, pack) for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
-        self.gate, self.up, self.down = (_Linear(m, pack) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.q, self.k, self.v, self.o = (Linear(m, pack) for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
+        self.gate, self.up, self.down = (Linear(m, pack) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
         self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
         self.heads, self.kv_heads, self.head_dim = at.config.num_attention_heads, at.config.num_key_value_heads, \
@@ -191,7 +192,7 @@ class StaticEngine(Engine):
                               f"{self.device.type}, {self.dtype}. Set engine.pack=auto")
         inner = model.model
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
-        self.lm_head = _Linear(model.lm_head, pack)
+        self.lm_head = Linear(model.lm_head, pack)
         self.layers = [_Layer(layer, pack and not compile) for layer in inner.layers]
         self.head_dim = self.layers[0].head_dim
         self.cache: kv.StaticKV | None = None
