@@ -1,5 +1,6 @@
-"""On a CUDA device (skipped elsewhere, and reported as skipped): every method through both engines equals
-CPU fp32 greedy in fp32; in fp16 the match rate and first divergence are measured and printed.
+"""On a CUDA device (skipped elsewhere, and reported as skipped): every method through each engine (hf,
+static, static with compiled steps and CUDA graphs) equals CPU fp32 greedy in fp32; in fp16 the match rate
+and first divergence are measured and printed.
 
 No weights travel: the model is the tiny random Llama of conftest.py. ``scripts/gpu_check.sh`` runs this file.
 """
@@ -27,7 +28,16 @@ def models(tiny_model):
     return tiny_model, copy.deepcopy(tiny_model).to(CUDA)
 
 
-@pytest.mark.parametrize("engine", [HFEngine, StaticEngine], ids=["hf", "static"])
+def _compiled(model):
+    """The static engine with compiled steps and CUDA graphs."""
+    return StaticEngine(model, compile=True, mode="reduce-overhead")
+
+
+_compiled.name = "static-compiled"
+ENGINES = [HFEngine, StaticEngine, _compiled]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["hf", "static", "static-compiled"])
 @pytest.mark.parametrize("name, params", METHODS, ids=[m for m, _ in METHODS])
 def test_fp32_on_cuda_equals_cpu_greedy(models, engine, name, params):
     cpu, gpu = models
