@@ -197,10 +197,10 @@ class StaticEngine(Engine):
         self.head_dim = self.layers[0].head_dim
         self.cache: kv.StaticKV | None = None
         self._rope = (torch.empty(0), torch.empty(0))
-        self._step, self._compiled = self._layers, compile
+        self._compiled = None  # the compiled steps (engine.compile)
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._step = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
+            self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
 
     @torch.inference_mode()
     def start(self, capacity: int) -> None:
@@ -215,7 +215,7 @@ class StaticEngine(Engine):
         returns ``n`` rounded up to whole spans."""
         n = -(-n // SPAN) * SPAN
         self.cache.reserve(n)
-        if self._compiled and self.device.type == "cuda":  # CUDA graphs replay on the cache in place
+        if self._compiled is not None and self.device.type == "cuda":  # CUDA graphs replay on the cache in place
             torch._dynamo.mark_static_address(self.cache.keys)
             torch._dynamo.mark_static_address(self.cache.values)
         if self._rope[0].shape[0] < n:
@@ -247,12 +247,12 @@ class StaticEngine(Engine):
         cos, sin = self._rope[0][positions], self._rope[1][positions]
         slots = torch.arange(past, past + n, device=self.device)
         x = self.embed(tokens)
-        if tree is None:  # the prefill: eager
-            x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values)
-        else:  # a step: compiled when engine.compile is on (one graph per size n, any span)
-            for t, dim in ((mask, 1), (cache.keys, 2), (cache.values, 2)):  # the span and the cache capacity
+        if self._compiled is not None and tree is not None:  # a step (the prefill stays eager): one graph per n
+            for t, dim in ((mask, 1), (cache.keys, 2), (cache.values, 2)):  # any span, any cache capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-            x = self._step(x, cos, sin, mask, slots, cache.keys, cache.values)
+            x = self._compiled(x, cos, sin, mask, slots, cache.keys, cache.values)
+        else:
+            x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values)
         cache.length = past + n
         h = self.norm(x)
         return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
@@ -281,8 +281,8 @@ def build_engine(model, params: dict | None = None) -> Engine:
             raise ConfigError(f"engine 'hf' has no parameter(s) {', '.join(sorted(params))}")
         return HFEngine(model)
     if name == "static":
-        pack, compile_, mode = params.pop("pack", "auto"), params.pop("compile", False), params.pop("compile_mode",
-                                                                                                  "default")
+        pack, compile_ = params.pop("pack", "auto"), params.pop("compile", False)
+        mode = params.pop("compile_mode", "default")
         if params:
             raise ConfigError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack, "
                               f"compile, compile_mode")

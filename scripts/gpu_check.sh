@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 7's CUDA checks in a few minutes, no model weights needed:
-#   1. tests/test_cuda.py: every method through both engines on CUDA, fp32 token-identical to CPU greedy;
+#   1. tests/test_cuda.py: every method through each engine on CUDA, fp32 token-identical to CPU greedy;
 #      fp16 match rate and first divergence printed;
 #   2. the cost curve of random Llamas of Vicuna-7B and 13B shapes in fp16: hf, static eager, and static with
 #      compiled steps and CUDA graphs (engine.compile=true engine.compile_mode=reduce-overhead);
