@@ -206,7 +206,7 @@ class StaticEngine(Engine):
     def start(self, capacity: int) -> None:
         if self.cache is None:
             self.cache = kv.StaticKV(len(self.layers), self.model.config.num_key_value_heads, self.head_dim,
-                                     SPAN, self.dtype, self.device)
+                                     0, self.dtype, self.device)  # sized by _room
         self.cache.length = 0
         self._room(capacity)
 
@@ -214,10 +214,11 @@ class StaticEngine(Engine):
         """Cache slots and rotary tables for ``n`` positions (grown, never shrunk: allocated once per size);
         returns ``n`` rounded up to whole spans."""
         n = -(-n // SPAN) * SPAN
-        self.cache.reserve(n)
-        if self._compiled is not None and self.device.type == "cuda":  # CUDA graphs replay on the cache in place
-            torch._dynamo.mark_static_address(self.cache.keys)
-            torch._dynamo.mark_static_address(self.cache.values)
+        if n > self.cache.capacity:
+            self.cache.reserve(n)
+            if self._compiled is not None and self.device.type == "cuda":  # CUDA graphs replay on it in place
+                torch._dynamo.mark_static_address(self.cache.keys)
+                torch._dynamo.mark_static_address(self.cache.values)
         if self._rope[0].shape[0] < n:
             pos = torch.arange(self.cache.capacity, device=self.device)[None]
             cos, sin = self.rotary(torch.empty(1, dtype=self.dtype, device=self.device), pos)
