@@ -17,9 +17,11 @@ entries are dropped after each proposal (``kv.truncate``).
 
 * ``eagle``: a static tree (``data/trees/eagle.json``: 25 drafts, depth 5, ranks of
   the head's top-k); each level is one head forward of the nodes that have children.
-* ``eagle2``: a dynamic tree: at each depth the ``topk`` candidates with the highest
-  cumulative log-probability are expanded (``topk`` children each), and the best
-  ``total_tokens - 1`` of all candidates by cumulative log-probability form the draft.
+* ``eagle2``: a dynamic tree: the root's ``topk`` best tokens are the first candidates;
+  then ``depth`` times the ``topk`` candidates of the newest depth with the highest
+  cumulative log-probability are expanded (``topk`` children each), so drafts reach depth
+  ``depth + 1`` (EAGLE-2's code counts its depth so); the best ``total_tokens - 1`` of all
+  candidates by cumulative log-probability form the draft.
 
 The head's weights come from ``method.head``: a folder or hub id in the published
 layout (``config.json`` with ``pytorch_model.bin`` or ``model.safetensors``, keys
@@ -272,7 +274,8 @@ class Eagle(_Eagle):
 
 @register
 class Eagle2(_Eagle):
-    """EAGLE-2: expand the ``topk`` best candidates of each depth, keep the best ``total_tokens - 1`` overall."""
+    """EAGLE-2: ``depth`` times expand the ``topk`` best candidates of the newest depth, keep the best
+    ``total_tokens - 1`` overall."""
 
     name = "eagle2"
     PARAMS = ("depth", "total_tokens")
@@ -293,7 +296,7 @@ class Eagle2(_Eagle):
         tok += top.tolist(); par += [0] * self.width; score += logp.tolist(); dep += [1] * self.width
         front_features = root.expand(self.width, -1)
         column: dict[int, int] = {}  # candidate -> its entry in the head cache after ``past``
-        for d in range(1, self.depth):
+        for d in range(1, self.depth + 1):  # expand depth d's front: candidates of depth d + 1
             n_cached = len(column)
             allowed = torch.zeros(len(front), n_cached + len(front), dtype=torch.bool)
             for i, c in enumerate(front):

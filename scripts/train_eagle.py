@@ -18,6 +18,9 @@
    token equals the target's, for the first draft and for the third draft in a row
    (the head fed its own predictions), and a checkpoint (fp16 safetensors + config.json,
    the published layout, so ``method.head=<out>`` loads it).
+   ``--unroll N`` trains depths 2..N too, as drafting runs them: depth s reads depth s-1's
+   predicted feature and attends to its draft ancestors (EAGLE-3's "training-time test"
+   idea), which raises the acceptance of the deeper drafts; ``--init`` starts from a head.
 
 Generated data is cached under ``data/cache/eagle/<model>/``; a rerun trains from it.
 """
@@ -42,7 +45,7 @@ from evaluation.paths import CACHE, ROOT
 from evaluation.own_prompts import TOPICS, training_prompts
 from evaluation.prompts import prompt_ids
 from evaluation.run import compose_config, model_spec
-from methods.eagle import EagleHead, expected_shapes, random_head
+from methods.eagle import EagleHead, expected_shapes, load_head, random_head
 from methods.verify import additive_mask
 
 def topic_of(prompt: str) -> str:
@@ -128,14 +131,33 @@ def causal(n: int, dtype) -> torch.Tensor:
     return additive_mask(torch.ones(n, n, dtype=torch.bool).tril(), 0, dtype)
 
 
-def head_pass(head: EagleHead, embed, d: dict, noise: float = 0.0) -> torch.Tensor:
-    """Teacher-forced: predicted features after positions 0..T-2 from (f_j, x_{j+1})."""
+def head_pass(head: EagleHead, embed, d: dict, noise: float = 0.0, unroll: int = 1) -> list[torch.Tensor]:
+    """Predicted features ``outs[s-1][i]`` for f_{i+s} (the target's feature at position i+s) for every depth
+    ``s`` = 1..``unroll``; ``outs[0]`` is teacher-forced from (f_j, x_{j+1}) at positions 0..T-2.
+
+    Depth ``s`` > 1 runs as drafting does: at position ``p`` it reads depth ``s-1``'s prediction made at
+    ``p-1`` with the true token x_{p+1}, and attends to the teacher-forced entries up to ``p-s+1``, to its
+    ancestors' entries at positions ``p-s+2 .. p-1`` (one per earlier depth) and to itself: the query of a
+    draft at depth ``s`` in the head's tree attention, for all positions in one forward each."""
     feats = d["feats"].float()[:-1]
     if noise:
         feats = feats + (torch.rand_like(feats) * 2 - 1) * noise * feats.pow(2).mean(-1, keepdim=True).sqrt()
     n = len(feats)
-    return head(embed(d["ids"][1:])[None], feats[None], torch.arange(n)[None], causal(n, feats.dtype),
-                DynamicCache(config=head.config))[0]
+    emb = embed(d["ids"][1:])
+    cache = DynamicCache(config=head.config)
+    outs = [head(emb[None], feats[None], torch.arange(n)[None], causal(n, feats.dtype), cache)[0]]
+    for s in range(2, unroll + 1):
+        m = n - s + 1  # positions p = s-1 .. n-1
+        if m < 1:
+            break
+        p = torch.arange(s - 1, n)
+        blocks = [torch.arange(n)[None] <= (p - s + 1)[:, None]]  # teacher-forced entries, positions 0..n-1
+        for k in range(2, s + 1):  # depth k's entries sit at positions k-1 .. n-1; the ancestor is at p-s+k
+            blocks.append(torch.arange(k - 1, n)[None] == (p - s + k)[:, None])
+        allowed = torch.cat(blocks, dim=1)
+        mask = additive_mask(allowed, 0, feats.dtype)
+        outs.append(head(emb[s - 1:][None], outs[-1][:m][None], p[None], mask, cache)[0])
+    return outs
 
 
 @torch.no_grad()
@@ -144,7 +166,7 @@ def validate(head: EagleHead, embed, lm_head, data: list[dict], steps: int = 3) 
     (fed the target's feature) and the ``steps``-th draft in a row (fed its own predictions, as when drafting)."""
     hit1 = hitk = total = totalk = 0
     for d in data:
-        out = head_pass(head, embed, d)  # out[j] predicts f_{j+1}; its token is the greedy after position j+1
+        out = head_pass(head, embed, d)[0]  # out[j] predicts f_{j+1}; its token is the greedy after position j+1
         s = d["start"]
         pred = lm_head(out[s - 1:-1]).argmax(-1)
         hit1 += int((pred == d["greedy"][s:-1]).sum())
@@ -198,12 +220,15 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--accumulate", type=int, default=4, help="sequences per optimiser step")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features, x feature RMS")
+    ap.add_argument("--unroll", type=int, default=1,
+                    help="train depths 1..N as drafting runs them: depth s>1 reads depth s-1's predicted feature")
+    ap.add_argument("--init", help="start from this head (a folder in the published layout) instead of random")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, help="use only the first N prompts (a quick check)")
     ap.add_argument("--data", help="the generated-data file (default: data/cache/eagle/<model>/...)")
     args = ap.parse_args(argv)
-    if args.epochs < 1 or args.minutes <= 0 or args.max_new_tokens < 1 or args.batch < 1:
-        raise HarnessError("--epochs, --minutes, --max-new-tokens and --batch must be positive")
+    if min(args.epochs, args.max_new_tokens, args.batch, args.unroll) < 1 or args.minutes <= 0:
+        raise HarnessError("--epochs, --minutes, --max-new-tokens, --batch and --unroll must be positive")
     out = Path(args.out) if args.out else ROOT / "data" / "eagle" / args.model
     spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))
     model, tok, device = load_model(spec)
@@ -218,7 +243,7 @@ def main(argv=None) -> None:
     print(f"{len(train)} training sequences ({tokens} response tokens), {len(val)} held out; "
           f"data took {data_minutes:.1f} min")
 
-    head = random_head(model.config, args.seed).float().train()
+    head = (load_head(args.init, model.config) if args.init else random_head(model.config, args.seed)).float().train()
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -228,16 +253,19 @@ def main(argv=None) -> None:
     log = {"model": args.model, "prompts": "scripts/train_eagle.py training_prompts() + passage_prompts()",
            "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
            "data_minutes": round(data_minutes, 2), "args": vars(args), "epochs": []}
+    if args.init and (Path(args.init) / "train_log.json").is_file():  # how the starting head was made
+        log["init_log"] = json.loads((Path(args.init) / "train_log.json").read_text())
     start = time.time()
     for epoch in range(args.epochs):
         rng.shuffle(train)
         bar = tqdm(train, desc=f"epoch {epoch + 1}/{args.epochs}", unit="seq")
         for i, d in enumerate(bar):
-            out_f = head_pass(head, embed, d, args.noise)
+            loss = 0.0
             s = d["start"]
-            target = d["feats"].float()[s:]  # f_{j+1} for j = s-1 .. T-2
-            pred = out_f[s - 1:]
-            loss = F.smooth_l1_loss(pred, target) + 0.1 * F.cross_entropy(lm_head(pred), d["greedy"][s:])
+            for depth, feats in enumerate(head_pass(head, embed, d, args.noise, args.unroll), start=1):
+                pred = feats[s - depth:]  # out[i] predicts f_{i+depth}: the response's features f_s .. f_{T-1}
+                loss = loss + F.smooth_l1_loss(pred, d["feats"].float()[s:]) \
+                    + 0.1 * F.cross_entropy(lm_head(pred), d["greedy"][s:])
             (loss / args.accumulate).backward()
             if (i + 1) % args.accumulate == 0 or i + 1 == len(train):
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -111,7 +111,7 @@ def test_drafts_equal_a_from_scratch_reference(tiny_model, name):
     tree, tokens = draft.tree, draft.tokens.tolist()
     assert tokens[0] == context[-1]
     if name == "eagle2":
-        assert tree.size == 12 and tree.max_depth <= 5
+        assert tree.size == 12 and tree.max_depth <= 6  # depth 5 expansions after the root's top-k
     for v in range(1, tree.size):
         path = tree.path_to(v)
         top = reference_top(p, tiny_model, context, [tokens[u] for u in path[1:-1]])
@@ -161,3 +161,16 @@ def test_a_head_that_knows_the_answer_gets_long_acceptances(tiny_model):
     gen = generate(tiny_model, p, prompt, max_new_tokens=60, stop_ids=set())
     assert gen.token_ids == ids[len(prompt):].tolist()
     assert len(gen.token_ids) / len(gen.accept_lengths) > 2.0
+
+
+def test_eagle2_depth_counts_expansions_after_the_root(tiny_model):
+    """As in EAGLE-2's code: the root's top-k, then ``depth`` expansions, so drafts reach depth + 1; with room
+    for every candidate (10 + 100 per expansion) all of them are drafted."""
+    p = build(tiny_model, "eagle2", topk=10, depth=2, total_tokens=211)
+    prompt = [1, 5, 7, 9, 11]
+    with torch.no_grad():
+        hidden = tiny_model(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0]
+    p.reset(torch.tensor(prompt), 0, None, hidden)
+    tree = p.propose(torch.tensor(prompt + [3])).tree  # the prompt and the root, the target's first token
+    assert tree.max_depth == 3 and tree.size == 211
+    assert [int((tree.depth == d).sum()) for d in (1, 2, 3)] == [10, 100, 100]

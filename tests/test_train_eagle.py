@@ -28,6 +28,11 @@ def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
     log = json.loads((out / "train_log.json").read_text())
     assert [e["epoch"] for e in log["epochs"]] == [1, 2] and 0 <= log["epochs"][-1]["top1"] <= 1
     assert (out / "model.safetensors").stat().st_size < 10 * 2**20
+    # Fine-tuning that head with unrolled depths: a new head whose log keeps how its start was made.
+    cli("scripts.train_eagle", "--init", str(out), "--unroll", "3", "--epochs", "1", "--out", str(tmp_path / "ft"),
+        "--data", str(tmp_path / "data.pt"))
+    ft = json.loads((tmp_path / "ft" / "train_log.json").read_text())
+    assert ft["args"]["unroll"] == 3 and ft["init_log"] == log
     head = load_head(str(out), model.config)
     assert head.fc.weight.shape == (576, 1152)
     p = build_proposer("eagle", {"head": str(out)}, vocab_size=model.config.vocab_size, device=torch.device("cpu"),
@@ -36,3 +41,32 @@ def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
     gen = generate(model, p, prompt, max_new_tokens=12, stop_ids=set())
     ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
     assert gen.token_ids == ref
+
+
+def test_unrolled_depths_equal_step_by_step_drafting(embedded):
+    """head_pass's depth s at position i is what drafting computes: the head over the true pairs up to i, then
+    fed its own predicted feature with the next true token, s-1 times (each draft seeing its ancestors)."""
+    from transformers import DynamicCache
+
+    from methods.eagle import random_head
+    from scripts.train_eagle import causal, head_pass
+
+    model, _, _ = embedded
+    head, embed = random_head(model.config, seed=1).float().eval(), model.get_input_embeddings()
+    torch.manual_seed(0)
+    T = 14
+    d = {"ids": torch.randint(0, model.config.vocab_size, (T,)), "feats": torch.randn(T, model.config.hidden_size)}
+    with torch.no_grad():
+        outs = head_pass(head, embed, d, unroll=3)
+        assert [len(o) for o in outs] == [T - 1, T - 2, T - 3]
+        for i in (0, 4, T - 4):
+            cache = DynamicCache(config=head.config)
+            n = i + 1
+            feat = head(embed(d["ids"][1:n + 1])[None], d["feats"][None, :n], torch.arange(n)[None],
+                        causal(n, torch.float32), cache)[0, -1]
+            torch.testing.assert_close(outs[0][i], feat)
+            for depth in (2, 3):
+                pos = i + depth - 1
+                feat = head(embed(d["ids"][pos + 1].view(1, 1)), feat.view(1, 1, -1), torch.tensor([[pos]]),
+                            torch.zeros(1, 1, 1, pos + 1), cache)[0, -1]
+                torch.testing.assert_close(outs[depth - 1][i], feat, atol=1e-5, rtol=1e-4)
