@@ -262,8 +262,8 @@ def main(argv=None) -> None:
         for i, d in enumerate(bar):
             loss = 0.0
             s = d["start"]
-            for depth, feats in enumerate(head_pass(head, embed, d, args.noise, args.unroll), start=1):
-                pred = feats[s - depth:]  # out[i] predicts f_{i+depth}: the response's features f_s .. f_{T-1}
+            for depth, predicted in enumerate(head_pass(head, embed, d, args.noise, args.unroll), start=1):
+                pred = predicted[s - depth:]  # [i] predicts f_{i+depth}: here the response's f_s .. f_{T-1}
                 loss = loss + F.smooth_l1_loss(pred, d["feats"].float()[s:]) \
                     + 0.1 * F.cross_entropy(lm_head(pred), d["greedy"][s:])
             (loss / args.accumulate).backward()
