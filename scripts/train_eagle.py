@@ -260,12 +260,11 @@ def main(argv=None) -> None:
         rng.shuffle(train)
         bar = tqdm(train, desc=f"epoch {epoch + 1}/{args.epochs}", unit="seq")
         for i, d in enumerate(bar):
-            loss = 0.0
-            s = d["start"]
+            loss, s = 0.0, d["start"]
+            target, greedy = d["feats"].float()[s:], d["greedy"][s:]  # the response's f_s .. f_{T-1}, its tokens
             for depth, predicted in enumerate(head_pass(head, embed, d, args.noise, args.unroll), start=1):
-                pred = predicted[s - depth:]  # [i] predicts f_{i+depth}: here the response's f_s .. f_{T-1}
-                loss = loss + F.smooth_l1_loss(pred, d["feats"].float()[s:]) \
-                    + 0.1 * F.cross_entropy(lm_head(pred), d["greedy"][s:])
+                pred = predicted[s - depth:]  # [i] predicts f_{i+depth}
+                loss = loss + F.smooth_l1_loss(pred, target) + 0.1 * F.cross_entropy(lm_head(pred), greedy)
             (loss / args.accumulate).backward()
             if (i + 1) % args.accumulate == 0 or i + 1 == len(train):
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
