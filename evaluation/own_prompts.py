@@ -140,3 +140,99 @@ def calibration_prompts(n: int = 12) -> list[str]:
     was when tree=auto's cached calibrations were made."""
     prompts = instruction_prompts()
     return [prompts[i * len(prompts) // n] for i in range(n)]
+
+
+# The second, larger set (EAGLE's training data v3): new topics, requests shaped like MT-Bench's kinds
+# (writing, roleplay, reasoning, extraction, STEM, humanities, coding), and more of the task-like requests.
+TOPICS_2 = [
+    "glaciers", "the invention of paper", "ant colonies", "nuclear fusion", "the immune system", "bird migration",
+    "the Olympic Games", "coffee farming", "renewable energy subsidies", "ancient Egyptian pyramids", "submarines",
+    "the theory of evolution", "remote work", "street food", "the Renaissance", "deep sea creatures", "inflation",
+    "social media and teenagers", "the metric system", "desert ecosystems", "quantum computers", "fermentation",
+    "the French Revolution", "smartphone batteries", "wildfires", "the Great Barrier Reef", "public transport",
+    "online privacy", "classical ballet", "the periodic table", "tides", "the history of money", "robot vacuum cleaners",
+    "bees and pollination", "the Amazon river", "climate change adaptation", "museums", "self-driving trucks",
+    "the Viking age", "meditation", "GPS satellites", "volunteering", "the human genome", "container shipping",
+    "paper airplanes", "the Industrial Revolution", "antibiotic resistance", "space telescopes", "composting",
+    "the Cold War", "microplastics", "language evolution", "hot air balloons", "the blockchain", "wolves",
+    "solar eclipses", "city planning", "the history of chocolate", "kindness at work", "ocean currents",
+]
+TEMPLATES_2 = [
+    "Write a short story in which {t} plays an important role.", "Write a news article about a new discovery about {t}.",
+    "Pretend you are a museum guide. Explain {t} to a group of visitors.",
+    "Act as a university professor and give a short lecture on {t}.",
+    "You are a travel blogger. Write a post that mentions {t}.", "Give a step-by-step explanation of {t}.",
+    "Compare {t} today with {t} fifty years ago.", "What questions would a scientist ask about {t}, and why?",
+    "Write a speech for a school assembly about {t}.", "Explain the economic impact of {t}.",
+    "List the pros and cons of {t} in a table.", "Write a product description for a book about {t}.",
+]
+ROLES = ["a pirate captain", "a detective", "a chef", "an astronaut", "a medieval knight", "a tour guide", "a poet",
+         "a sports coach", "a doctor", "a librarian", "a startup founder", "a farmer"]
+ROLE_ASKS = ["What does a good day look like for you?", "What advice would you give to a young person?",
+             "Describe the biggest challenge you have faced.", "What tools do you use every day, and why?"]
+CODE_2 = [
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Write a function in C that reverses a string in place.", "Implement binary search in Python and explain it.",
+    "Write a Python function that counts the vowels in a string.", "Write a Python generator that yields prime numbers.",
+    "Write a JavaScript function that debounces another function.", "Explain recursion with a Python example.",
+    "Write a Python function that flattens a nested list.", "Write a bash script that backs up a folder to a zip file.",
+    "Write a Python function that finds the longest word in a sentence.", "Explain big-O notation with examples.",
+]
+
+DE_SUBJECTS_2 = ["Die Feuerwehr", "Der Präsident", "Die Gewerkschaft", "Ein Gericht", "Die Universität",
+                 "Der Flughafen", "Die Opposition", "Ein Augenzeuge", "Die Behörden", "Der Autohersteller",
+                 "Die Bundesregierung", "Der Bürgermeister der Stadt", "Die Mannschaft", "Eine Studie"]
+DE_ACTIONS_2 = [("neue Regeln", "eingeführt"), ("einen Streik", "angekündigt"), ("die Wahl", "gewonnen"),
+                ("das Spiel", "verloren"), ("Tausende Menschen", "evakuiert"), ("den Haushalt", "verabschiedet"),
+                ("eine Untersuchung", "eingeleitet"), ("die Grenze", "geschlossen"), ("den Rekord", "gebrochen"),
+                ("die Verhandlungen", "abgebrochen"), ("neue Arbeitsplätze", "geschaffen"),
+                ("ein Verbot", "verhängt"), ("die Pläne", "verteidigt"), ("eine Warnung", "herausgegeben")]
+DE_TIMES_2 = ["am Wochenende", "in der Nacht zum Freitag", "seit Jahren", "zum ersten Mal", "im Januar",
+              "trotz großer Bedenken", "in einer Erklärung", "nach Angaben der Polizei"]
+DE_REASONS_2 = ["", " , sagte ein Sprecher", " , um Geld zu sparen", " , obwohl die Umfragen anders aussahen",
+                " , weil das Wetter schlecht war", " , nachdem mehrere Menschen verletzt worden waren"]
+QA_PEOPLE = ["albert einstein", "marie curie", "william shakespeare", "leonardo da vinci", "nelson mandela",
+             "isaac newton", "charles darwin", "jane austen", "ludwig van beethoven", "frida kahlo", "galileo galilei",
+             "ada lovelace", "mahatma gandhi", "pablo picasso", "nikola tesla"]
+QA_PERSON_ASKS = ["when was {x} born?", "what is {x} famous for?", "where did {x} live?"]
+QA_SCIENCE = ["photosynthesis", "gravity", "an atom", "dna", "a black hole", "the ozone layer", "an earthquake",
+              "a rainbow", "the greenhouse effect", "electricity", "a virus", "a tsunami"]
+QA_SCIENCE_ASKS = ["what is {x}?", "how is {x} formed?"]
+WORD_PROBLEMS_2 = [
+    "{n} runs {b} kilometers every weekday and {c} kilometers on Saturday. How many kilometers does {n} run in {a} weeks?",
+    "A shop sells pens in packs of {c}. {n} needs {a}0 pens for a class. How many packs must {n} buy?",
+    "A car uses {c} liters of fuel per 100 kilometers. How much fuel does it need for a trip of {a}0 kilometers?",
+    "{n} saves ${b} every week. A bike costs ${a}0. How many weeks does {n} need to save to buy the bike?",
+    "There are {a} red balls and {b} blue balls in a box. {n} takes out {c} red balls. What fraction of the balls "
+    "left are red?",
+    "A recipe needs {c} eggs for {b} cookies. How many eggs are needed for {a}0 cookies?",
+    "{n} is {b} years old. {n}'s mother is {c} times as old. How old will the mother be in {a} years?",
+    "A farmer has {a} cows. Each cow gives {c} liters of milk a day and milk sells for ${b} per liter. "
+    "How much does the farmer earn in a week?",
+]
+
+
+def german_sentences_2(rng: random.Random, n: int) -> list[str]:
+    out: set[str] = set()
+    subjects, actions = DE_SUBJECTS + DE_SUBJECTS_2, DE_ACTIONS + DE_ACTIONS_2
+    while len(out) < n:
+        obj, verb = rng.choice(actions)
+        sentence = f"{rng.choice(subjects)} hat {rng.choice(DE_TIMES + DE_TIMES_2)} {obj} {verb}"
+        out.add(sentence + f"{rng.choice(DE_REASONS_2)} .")
+    return sorted(out)
+
+
+def more_prompts(seed: int = 0) -> list[str]:
+    """The second training set: MT-Bench-like kinds over new topics, and more task-like requests."""
+    rng = random.Random(seed + 2)
+    first = set(training_prompts(seed))
+    german = [f"Translate German to English: {s}" for s in german_sentences_2(rng, 400)]
+    qa = ([a.format(x=x) for x in QA_PEOPLE for a in QA_PERSON_ASKS]
+          + [a.format(x=x) for x in QA_SCIENCE for a in QA_SCIENCE_ASKS])
+    prompts = ([t.format(t=topic) for topic in TOPICS_2 for t in TEMPLATES_2]
+               + [f"Imagine you are {r}. {a}" for r in ROLES for a in ROLE_ASKS] + CODE_2 + german
+               + [q[0].upper() + q[1:] for q in qa]
+               + [rng.choice(WORD_PROBLEMS_2).format(n=rng.choice(NAMES), a=rng.randint(3, 40), b=rng.randint(2, 15),
+                                                     c=rng.randint(2, 9)) for _ in range(150)])
+    return [p for p in dict.fromkeys(prompts) if p not in first]

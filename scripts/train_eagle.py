@@ -2,18 +2,20 @@
 
     python -m scripts.train_eagle [--model smollm2-135m] [--out data/eagle/smollm2-135m] [--minutes 40]
 
-1. Prompts: ``evaluation.own_prompts.training_prompts()``, our own instruction templates crossed with our
-   own topics (writing, explanation, advice, translation, arithmetic word problems, code,
+1. Prompts: ``evaluation.own_prompts.training_prompts()`` and ``more_prompts()``, our own instruction
+   templates crossed with our own topics (writing, explanation, advice, roleplay, stories, code,
    lists) and requests of Spec-Bench's other kinds from our own word lists (German sentences
    to translate, factual questions, word problems), plus summaries of and questions over
    passages that the target wrote in step 2. None is a Spec-Bench question (the tests check it).
 2. Responses: the target's own greedy answers (self-distillation: the head learns what the
-   target says, which is what it must draft), generated in batches.
+   target says, which is what it must draft), generated in batches and stored by prompt as they
+   come (a killed run resumes; a larger prompt set generates only its new prompts).
 3. Features: one target forward over prompt + response gives ``f_j`` (the last hidden
    state, what lm_head reads) and the target's greedy token after every position.
 4. Training: the head reads (f_j + noise, x_{j+1}) and predicts f_{j+1}; loss = smooth L1
    on the feature + 0.1 x cross-entropy of lm_head(prediction) against the target's
-   greedy token (EAGLE's recipe), Adam, on the response part. Each epoch ends with the
+   next-token distribution softmax(lm_head(f_{j+1})) (EAGLE's recipe; ``--labels greedy``: against
+   its greedy token), Adam, on the response part. Each epoch ends with the
    validation figure on held-out sequences: the share of positions where the head's top
    token equals the target's, for the first draft and for the third draft in a row
    (the head fed its own predictions), and a checkpoint (fp16 safetensors + config.json,
@@ -42,14 +44,19 @@ from transformers import DynamicCache
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import CACHE, ROOT
-from evaluation.own_prompts import TOPICS, training_prompts
+from evaluation.own_prompts import TOPICS, TOPICS_2, more_prompts, training_prompts
 from evaluation.prompts import prompt_ids
 from evaluation.run import compose_config, model_spec
 from methods.eagle import EagleHead, expected_shapes, load_head, random_head
 from methods.verify import additive_mask
 
+# Prompts whose answers are long texts: the passages that the summaries and questions are built over.
+PASSAGE_ASKS = ("Write a short blog post", "Explain", "Write a news article", "Write a short story",
+                "Act as a university professor", "Pretend you are a museum guide")
+
+
 def topic_of(prompt: str) -> str:
-    return next((t for t in TOPICS if t in prompt), "this")
+    return next((t for t in TOPICS + TOPICS_2 if t in prompt), "this")
 
 
 def passage_prompts(passages: list[tuple[str, str]], seed: int = 0) -> list[str]:
@@ -62,7 +69,7 @@ def passage_prompts(passages: list[tuple[str, str]], seed: int = 0) -> list[str]
     questions = ["what is {t}?", "why is {t} important?", "how does {t} work?", "what are the benefits of {t}?"]
     texts = [t for _, t in passages]
     out = [f"{rng.choice(asks)}\n\n{t}" for t in texts]
-    for _ in range(min(len(passages), 60)):
+    for _ in range(min(len(passages), 150)):
         out.append("Summarize: " + " ".join(rng.sample(texts, min(4, len(texts)))))
         chosen = rng.sample(passages, min(3, len(passages)))
         topic = rng.choice(chosen)[0]
@@ -71,28 +78,32 @@ def passage_prompts(passages: list[tuple[str, str]], seed: int = 0) -> list[str]
 
 
 @torch.no_grad()
-def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: int,
-            device) -> tuple[list[list[int]], list[int]]:
-    """The target's greedy answers, batched (left padding): (prompt + answer ids, prompt length) per prompt."""
+def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: int, device,
+            store: Path | None = None) -> tuple[list[list[int]], list[int]]:
+    """The target's greedy answers, batched (left padding): (prompt + answer ids, prompt length) per prompt.
+
+    With ``store``, answers are kept there by prompt after every batch: a killed run resumes, and a larger
+    prompt set generates only its new prompts."""
     tok.padding_side = "left"
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = tok.eos_token_id
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths together: less padding
-    seqs = [None] * len(prompts)
-    for i in tqdm(range(0, len(order), batch), desc="responses", unit="batch"):
-        idx = order[i:i + batch]
-        ids = [prompt_ids(template, tok, [prompts[j]], []) for j in idx]
-        width = max(map(len, ids))
-        x = torch.tensor([[pad] * (width - len(s)) + s for s in ids], device=device)
-        attn = (torch.arange(width, device=device)[None] >= torch.tensor([width - len(s) for s in ids],
+    done = torch.load(store) if store and store.is_file() else {}
+    ids = {p: prompt_ids(template, tok, [p], []) for p in prompts}
+    todo = sorted((p for p in dict.fromkeys(prompts) if p not in done), key=len)  # similar lengths: less padding
+    for i in tqdm(range(0, len(todo), batch), desc=f"responses ({len(prompts) - len(todo)} stored)", unit="batch"):
+        chunk = todo[i:i + batch]
+        width = max(len(ids[p]) for p in chunk)
+        x = torch.tensor([[pad] * (width - len(ids[p])) + ids[p] for p in chunk], device=device)
+        attn = (torch.arange(width, device=device)[None] >= torch.tensor([width - len(ids[p]) for p in chunk],
                                                                            device=device)[:, None]).long()
         gen = model.generate(x, attention_mask=attn, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
-        for j, s, row in zip(idx, ids, gen[:, width:].tolist()):
-            if eos in row:
-                row = row[: row.index(eos) + 1]
-            seqs[j] = (s, row)
-    out = [s + r for s, r in seqs]
-    return out, [len(s) for s, _ in seqs]
+        for p, row in zip(chunk, gen[:, width:].tolist()):
+            done[p] = row[: row.index(eos) + 1] if eos in row else row
+        if store:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(done, store.with_suffix(".tmp"))
+            os.replace(store.with_suffix(".tmp"), store)
+    return [ids[p] + done[p] for p in prompts], [len(ids[p]) for p in prompts]
 
 
 @torch.no_grad()
@@ -108,16 +119,17 @@ def features(model, seqs: list[list[int]], device) -> list[dict]:
 
 def build_data(model, tok, template: str, args, device) -> list[dict]:
     cache = Path(args.data) if args.data else \
-        CACHE / "eagle" / args.model / f"data-v2-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
+        CACHE / "eagle" / args.model / f"data-v3-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
     if cache.is_file():
         print(f"training data from {cache}")
         return torch.load(cache, weights_only=False)
-    prompts = training_prompts()[: args.limit]
-    seqs, starts = respond(model, tok, template, prompts, args.max_new_tokens, args.batch, device)
+    store = cache.parent / f"responses-n{args.max_new_tokens}.pt"
+    prompts = (training_prompts() + more_prompts())[: args.limit]
+    seqs, starts = respond(model, tok, template, prompts, args.max_new_tokens, args.batch, device, store)
     texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
-    passages = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(("Write a short blog post", "Explain"))]
+    passages = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(PASSAGE_ASKS)]
     more, more_starts = respond(model, tok, template, passage_prompts(passages), args.max_new_tokens, args.batch,
-                                device)
+                                device, store)
     data = features(model, seqs + more, device)
     for d, start in zip(data, starts + more_starts):
         d["start"] = start  # the loss covers the response
@@ -214,12 +226,14 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="smollm2-135m", help="a model config name (conf/model/)")
     ap.add_argument("--out", help="output folder (default: data/eagle/<model>)")
     ap.add_argument("--max-new-tokens", type=int, default=160, help="length of the target's responses")
-    ap.add_argument("--batch", type=int, default=16, help="prompts per generation batch")
+    ap.add_argument("--batch", type=int, default=32, help="prompts per generation batch")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--minutes", type=float, default=40.0, help="training time budget (data generation excluded)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--accumulate", type=int, default=4, help="sequences per optimiser step")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features, x feature RMS")
+    ap.add_argument("--labels", choices=["soft", "greedy"], default="soft",
+                    help="the classification target: the target's next-token distribution, or its greedy token")
     ap.add_argument("--unroll", type=int, default=1,
                     help="train depths 1..N as drafting runs them: depth s>1 reads depth s-1's predicted feature")
     ap.add_argument("--init", help="start from this head (a folder in the published layout) instead of random")
@@ -250,7 +264,7 @@ def main(argv=None) -> None:
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     steps_total = args.epochs * math.ceil(len(train) / args.accumulate)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps_total, pct_start=0.05)
-    log = {"model": args.model, "prompts": "scripts/train_eagle.py training_prompts() + passage_prompts()",
+    log = {"model": args.model, "prompts": "scripts/train_eagle.py training_prompts() + more_prompts() + passage_prompts()",
            "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
            "data_minutes": round(data_minutes, 2), "args": vars(args), "epochs": []}
     if args.init and (Path(args.init) / "train_log.json").is_file():  # how the starting head was made
@@ -261,10 +275,11 @@ def main(argv=None) -> None:
         bar = tqdm(train, desc=f"epoch {epoch + 1}/{args.epochs}", unit="seq")
         for i, d in enumerate(bar):
             loss, s = 0.0, d["start"]
-            target, greedy = d["feats"].float()[s:], d["greedy"][s:]  # the response's f_s .. f_{T-1}, its tokens
+            target = d["feats"].float()[s:]  # the response's f_s .. f_{T-1}; and the target's next-token labels:
+            labels = F.softmax(lm_head(target), -1) if args.labels == "soft" else d["greedy"][s:]
             for depth, predicted in enumerate(head_pass(head, embed, d, args.noise, args.unroll), start=1):
                 pred = predicted[s - depth:]  # [i] predicts f_{i+depth}
-                loss = loss + F.smooth_l1_loss(pred, target) + 0.1 * F.cross_entropy(lm_head(pred), greedy)
+                loss = loss + F.smooth_l1_loss(pred, target) + 0.1 * F.cross_entropy(lm_head(pred), labels)
             (loss / args.accumulate).backward()
             if (i + 1) % args.accumulate == 0 or i + 1 == len(train):
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

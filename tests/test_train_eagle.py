@@ -7,14 +7,15 @@ from evaluation.data import load_bench
 from methods.base import build_proposer
 from methods.decode import generate
 from methods.eagle import load_head
-from scripts.train_eagle import passage_prompts, training_prompts
+from scripts.train_eagle import more_prompts, passage_prompts, respond, training_prompts
 from tests.test_cli import cli
 
 
 def test_training_prompts_hold_no_spec_bench_question():
     turns = {t.strip() for q in load_bench(None) for t in q.turns}
-    prompts = training_prompts() + passage_prompts([("bridges", "A short passage about bridges."), ("tea", "Tea is a drink.")])
-    assert len(prompts) > 800 and len(set(prompts)) == len(prompts)
+    prompts = training_prompts() + more_prompts() + passage_prompts([("bridges", "A short passage about bridges."),
+                                                                     ("tea", "Tea is a drink.")])
+    assert len(prompts) > 2000 and len(set(prompts)) == len(prompts)
     for p in prompts:
         assert p.strip() not in turns
         assert not any(len(t) > 40 and t in p for t in turns), p
@@ -41,6 +42,23 @@ def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
     gen = generate(model, p, prompt, max_new_tokens=12, stop_ids=set())
     ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
     assert gen.token_ids == ref
+
+
+def test_responses_are_stored_by_prompt_and_only_new_prompts_are_generated(tmp_path, embedded):
+    model, tok, spec = embedded
+    store, prompts = tmp_path / "responses.pt", ["Name a color.", "Say hello.", "Count to three."]
+    seqs, starts = respond(model, tok, spec.template, prompts[:2], 6, 2, torch.device("cpu"), store)
+    kept = torch.load(store)
+    assert list(kept) == sorted(prompts[:2], key=len) and [s[n:] for s, n in zip(seqs, starts)] == [kept[p] for p in prompts[:2]]
+    kept[prompts[0]] = [7, 8]  # a stored answer is read back, not regenerated
+    torch.save(kept, store)
+    seqs, starts = respond(model, tok, spec.template, prompts, 6, 2, torch.device("cpu"), store)
+    assert seqs[0][starts[0]:] == [7, 8] and seqs[1][starts[1]:] == kept[prompts[1]]
+    ref = model.generate(torch.tensor([seqs[2][:starts[2]]]), max_new_tokens=6, do_sample=False)[0, starts[2]:].tolist()
+    if tok.eos_token_id in ref:
+        ref = ref[: ref.index(tok.eos_token_id) + 1]
+    assert seqs[2][starts[2]:] == ref
+    assert set(torch.load(store)) == set(prompts)
 
 
 def test_unrolled_depths_equal_step_by_step_drafting(embedded):
