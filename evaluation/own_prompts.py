@@ -98,11 +98,12 @@ WORD_PROBLEMS = [
 ]
 
 
-def german_sentences(rng: random.Random, n: int) -> list[str]:
+def german_sentences(rng: random.Random, n: int, subjects=DE_SUBJECTS, actions=DE_ACTIONS, times=DE_TIMES,
+                     reasons=DE_REASONS) -> list[str]:
     out: set[str] = set()
     while len(out) < n:
-        obj, verb = rng.choice(DE_ACTIONS)
-        out.add(f"{rng.choice(DE_SUBJECTS)} hat {rng.choice(DE_TIMES)} {obj} {verb}{rng.choice(DE_REASONS)} .")
+        obj, verb = rng.choice(actions)
+        out.add(f"{rng.choice(subjects)} hat {rng.choice(times)} {obj} {verb}{rng.choice(reasons)} .")
     return sorted(out)
 
 
@@ -112,8 +113,8 @@ def factual_questions() -> list[str]:
             + [a.format(x=x) for x in QA_COUNTRIES for a in QA_COUNTRY_ASKS])
 
 
-def word_problems(rng: random.Random, n: int) -> list[str]:
-    return [rng.choice(WORD_PROBLEMS).format(n=rng.choice(NAMES), a=rng.randint(3, 40), b=rng.randint(2, 15),
+def word_problems(rng: random.Random, n: int, templates=WORD_PROBLEMS) -> list[str]:
+    return [rng.choice(templates).format(n=rng.choice(NAMES), a=rng.randint(3, 40), b=rng.randint(2, 15),
                                              c=rng.randint(2, 9)) for _ in range(n)]
 
 
@@ -213,26 +214,16 @@ WORD_PROBLEMS_2 = [
 ]
 
 
-def german_sentences_2(rng: random.Random, n: int) -> list[str]:
-    out: set[str] = set()
-    subjects, actions = DE_SUBJECTS + DE_SUBJECTS_2, DE_ACTIONS + DE_ACTIONS_2
-    while len(out) < n:
-        obj, verb = rng.choice(actions)
-        sentence = f"{rng.choice(subjects)} hat {rng.choice(DE_TIMES + DE_TIMES_2)} {obj} {verb}"
-        out.add(sentence + f"{rng.choice(DE_REASONS_2)} .")
-    return sorted(out)
-
-
 def more_prompts(seed: int = 0) -> list[str]:
     """The second training set: MT-Bench-like kinds over new topics, and more task-like requests."""
     rng = random.Random(seed + 2)
     first = set(training_prompts(seed))
-    german = [f"Translate German to English: {s}" for s in german_sentences_2(rng, 400)]
+    german = [f"Translate German to English: {s}" for s in german_sentences(
+        rng, 400, DE_SUBJECTS + DE_SUBJECTS_2, DE_ACTIONS + DE_ACTIONS_2, DE_TIMES + DE_TIMES_2, DE_REASONS_2)]
     qa = ([a.format(x=x) for x in QA_PEOPLE for a in QA_PERSON_ASKS]
           + [a.format(x=x) for x in QA_SCIENCE for a in QA_SCIENCE_ASKS])
     prompts = ([t.format(t=topic) for topic in TOPICS_2 for t in TEMPLATES_2]
                + [f"Imagine you are {r}. {a}" for r in ROLES for a in ROLE_ASKS] + CODE_2 + german
                + [q[0].upper() + q[1:] for q in qa]
-               + [rng.choice(WORD_PROBLEMS_2).format(n=rng.choice(NAMES), a=rng.randint(3, 40), b=rng.randint(2, 15),
-                                                     c=rng.randint(2, 9)) for _ in range(150)])
+               + word_problems(rng, 150, WORD_PROBLEMS_2))
     return [p for p in dict.fromkeys(prompts) if p not in first]
