@@ -95,3 +95,13 @@ def write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def save_torch_atomic(path: Path, obj) -> None:
+    """``torch.save`` that a kill cannot leave half-written (the folder is made if missing)."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

@@ -22,7 +22,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, write_json_atomic
+from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, save_torch_atomic, write_json_atomic
 from evaluation.data import Question, load_bench, shard
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import ModelSpec, load_model, max_context, stop_token_ids
@@ -222,8 +222,7 @@ def run(cfg: DictConfig, out: Path) -> Path:
         rec = runner.answer(q)
         state = runner.proposer.state_dict()
         if state:  # saved before the answer: a resumed run continues from the state after its last answer
-            torch.save({"answered": len(writer.done) + 1, "state": state}, state_file.with_suffix(".tmp"))
-            state_file.with_suffix(".tmp").replace(state_file)
+            save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "state": state})
         writer.append(rec)
         c = rec["choices"][0]
         tokens += sum(c["new_tokens"])

@@ -41,6 +41,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from evaluation.answers import save_torch_atomic
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import CACHE, ROOT
@@ -100,9 +101,7 @@ def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: 
         for p, row in zip(chunk, gen[:, width:].tolist()):
             done[p] = row[: row.index(eos) + 1] if eos in row else row
         if store:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(done, store.with_suffix(".tmp"))
-            os.replace(store.with_suffix(".tmp"), store)
+            save_torch_atomic(store, done)
     return [ids[p] + done[p] for p in prompts], [len(ids[p]) for p in prompts]
 
 
@@ -133,9 +132,7 @@ def build_data(model, tok, template: str, args, device) -> list[dict]:
     data = features(model, seqs + more, device)
     for d, start in zip(data, starts + more_starts):
         d["start"] = start  # the loss covers the response
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, cache.with_suffix(".tmp"))
-    os.replace(cache.with_suffix(".tmp"), cache)
+    save_torch_atomic(cache, data)
     return data
 
 
