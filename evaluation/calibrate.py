@@ -38,7 +38,7 @@ def _decode(runner, proposer: TokenRecycling, prompts: int, tokens: int, warm: i
     for i, text in enumerate(calibration_prompts(prompts)):
         if i == warm:
             proposer.node_accepts.zero_()
-        ids = prompt_ids(runner.spec.template, runner.tok, [text], [])
+        ids = prompt_ids(runner.spec, runner.tok, [text], [])
         gen = generate(runner.engine, proposer, ids, max_new_tokens=tokens, stop_ids=runner.stop_ids)
         if i >= warm:
             new, steps = new + len(gen.token_ids), steps + len(gen.accept_lengths)

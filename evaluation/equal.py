@@ -1,19 +1,41 @@
 """Prove losslessness: compare two answer files token by token, question by question, turn by turn.
 
-    python -m evaluation.equal results/runs/.../vanilla/ results/runs/.../tr/
+    python -m evaluation.equal results/runs/.../vanilla/ results/runs/.../tr/ [--dtype-tolerant] [--no-explain]
 
 Prints the share of identical turns and, for each mismatch, the question, turn,
-first differing position and both tokens. Exits 1 unless everything is equal.
-Files without token ids (Spec-Bench's own) are compared by text, and it says so.
+first differing position and both tokens. Files without token ids (Spec-Bench's own)
+are compared by text, and it says so.
+
+Why two outputs differ: in fp16 or bf16 a tree forward sums in another order than a
+plain step, so a method can flip a near-tie between the two best tokens and then follow
+another (equally greedy) path; Spec-Bench claims equality in fp32 only. For the first
+divergence of every turn the checker re-runs the reference run's model (its config.yaml:
+checkpoint, dtype, prompt format) teacher-forced on the common prefix and reports the
+margin between the two best logits there. A divergence is a **near-tie** when the two
+runs' tokens are those two and the margin is at most ``TIE_ULPS`` units in the last
+place of the top logit in the run's dtype; otherwise it is a **real mismatch** (a bug).
+A later turn built on a diverged answer is reported as following it.
+
+Exit status: 0 when everything is equal; with ``--dtype-tolerant``, also when every
+mismatch is a near-tie in a run of less than fp32 precision; 1 otherwise. In fp32 any
+mismatch fails: there, a near-tie is shown with where and why, and still counts.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from evaluation.answers import read_answers
+from evaluation.answers import SUMMARY, answer_file, read_answers
 from evaluation.errors import HarnessError, exit_on_error
+
+# Measured on the embedded model (AMD EPYC Zen 4, 3 questions x 48 tokens), the largest difference at the top-2
+# logits between a whole-sequence forward and step-by-step decoding: fp32 0, fp16 0.0625 (2 ulp of the top
+# logit, about 37), bf16 0.75 (3 ulp). Two orders can swap the best two tokens only when their margin is below
+# the sum of both differences; 8 ulp covers that with room.
+TIE_ULPS = 8
+NEAR_TIE, REAL = "near-tie", "real mismatch"
 
 
 @dataclass
@@ -23,12 +45,15 @@ class Mismatch:
     position: int | None  # first differing token (or character, in text mode)
     a: object
     b: object
+    kind: str | None = None  # NEAR_TIE, REAL, "follows turn N" or None (not explained)
+    why: str = ""  # the evidence: margin, threshold, ranks
 
     def describe(self) -> str:
         if self.turn is None:
             return f"question {self.question_id}: {self.a}"
-        return (f"question {self.question_id} turn {self.turn}: first difference at position {self.position}: "
+        text = (f"question {self.question_id} turn {self.turn}: first difference at position {self.position}: "
                 f"{self.a!r} vs {self.b!r}")
+        return text + (f": {self.kind} ({self.why})" if self.kind else "")
 
 
 def first_difference(a, b) -> int | None:
@@ -55,6 +80,7 @@ def compare(recs_a: list[dict], recs_b: list[dict]) -> tuple[int, int, list[Mism
             mismatches.append(Mismatch(qid, None, None, f"answered only in {'A' if qid in a else 'B'}", None))
             continue
         ta, tb = a[qid][key], b[qid][key]
+        diverged = None  # the first turn of this question that differs: later turns build on other answers
         for turn in range(max(len(ta), len(tb))):
             total += 1
             xa = ta[turn] if turn < len(ta) else []
@@ -62,11 +88,78 @@ def compare(recs_a: list[dict], recs_b: list[dict]) -> tuple[int, int, list[Mism
             pos = first_difference(xa, xb)
             if pos is None:
                 same += 1
-            else:
-                end = "<end>"
-                mismatches.append(Mismatch(qid, turn + 1, pos, xa[pos] if pos < len(xa) else end,
-                                           xb[pos] if pos < len(xb) else end))
+                continue
+            end = "<end>"
+            m = Mismatch(qid, turn + 1, pos, xa[pos] if pos < len(xa) else end, xb[pos] if pos < len(xb) else end)
+            if diverged is not None:
+                m.kind, m.why = f"follows turn {diverged}", "its prompt holds the diverged answer"
+            diverged = diverged or turn + 1
+            mismatches.append(m)
     return same, total, mismatches, "token" if by_tokens else "text"
+
+
+def ulp(dtype, value: float) -> float:
+    """The spacing of ``dtype``'s numbers at ``value``."""
+    import math
+
+    import torch
+
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(abs(value), torch.finfo(dtype).tiny)))
+
+
+def classify(logits, a: int, b: int, dtype) -> tuple[str, str]:
+    """(kind, evidence) for a divergence between tokens ``a`` and ``b`` where the reference model gives ``logits``
+    [vocab] (teacher-forced on the common prefix, in the run's ``dtype``)."""
+    values, top = logits.float().topk(2)
+    margin, threshold = float(values[0] - values[1]), TIE_ULPS * ulp(dtype, float(values[0]))
+    evidence = (f"top-2 logits {values[0]:.4f} (token {int(top[0])}) and {values[1]:.4f} (token {int(top[1])}), "
+                f"margin {margin:.4g}; near-tie threshold {threshold:.3g} in {str(dtype).removeprefix('torch.')}")
+    if {int(top[0]), int(top[1])} == {a, b} and margin <= threshold:
+        return NEAR_TIE, evidence
+    if {a, b} - {int(top[0]), int(top[1])}:
+        return REAL, evidence + f"; {'/'.join(str(t) for t in sorted({a, b} - {int(x) for x in top}))} not in the top 2"
+    return REAL, evidence + " (above the threshold)"
+
+
+def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:
+    """Classify every first divergence of a turn by re-running ``run``'s model (the reference); returns the
+    run's dtype name. Raises HarnessError when ``run`` holds no config to rebuild the model from."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from evaluation.data import load_bench
+    from evaluation.models import ModelSpec, load_model
+    from evaluation.prompts import prompt_ids
+
+    config_file = run / "config.yaml"
+    if not config_file.is_file():
+        raise HarnessError(f"{run} has no config.yaml to rebuild its model from (a Spec-Bench file?)")
+    cfg = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+    env = json.loads((run / SUMMARY).read_text()).get("environment", {}) if (run / SUMMARY).is_file() else {}
+    dtype = env.get("dtype", cfg["model"].get("dtype", "float32"))
+    device = env.get("device", "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"note: the run used {device}; re-running its model on the CPU in {dtype}")
+        device = "cpu"
+    spec = replace(ModelSpec(**cfg["model"]), dtype=dtype, device=device)
+    model, tok, dev = load_model(spec)
+    todo = [m for m in mismatches if m.turn is not None and m.kind is None]
+    questions = {q.question_id: q for q in load_bench(cfg["bench"].get("path"),
+                                                      question_ids=sorted({m.question_id for m in todo}))}
+    answers = {r["question_id"]: r["choices"][0] for r in recs}
+    for m in todo:
+        if "<end>" in (m.a, m.b):
+            m.kind, m.why = REAL, "one run stopped where the other went on"
+            continue
+        q, c = questions[m.question_id], answers[m.question_id]
+        ids = prompt_ids(spec, tok, list(q.turns[: m.turn]), c["turns"][: m.turn - 1])
+        ids += c["token_ids"][m.turn - 1][: m.position]
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1]
+        m.kind, m.why = classify(logits, int(m.a), int(m.b), logits.dtype)
+    return dtype
 
 
 @exit_on_error
@@ -74,15 +167,33 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("a", help="answer file or run folder (the reference, e.g. vanilla)")
     ap.add_argument("b", help="answer file or run folder to check against it")
+    ap.add_argument("--dtype-tolerant", action="store_true",
+                    help="exit 0 when every mismatch is a near-tie of a run in fp16 or bf16")
+    ap.add_argument("--no-explain", action="store_true", help="do not re-run the model to classify mismatches")
     args = ap.parse_args(argv)
-    same, total, mismatches, unit = compare(read_answers(args.a), read_answers(args.b))
+    recs_a = read_answers(args.a)
+    same, total, mismatches, unit = compare(recs_a, read_answers(args.b))
     if unit == "text":
         print("note: at least one file has no token ids (a Spec-Bench file?): comparing texts, not tokens")
+    dtype = None
+    if mismatches and unit == "token" and not args.no_explain:
+        try:
+            dtype = explain(answer_file(args.a).parent, recs_a, mismatches)
+        except HarnessError as e:
+            print(f"note: mismatches not classified: {e}")
     print(f"identical turns ({unit}s): {same}/{total} ({100.0 * same / max(total, 1):.1f}%)")
     for m in mismatches:
         print("  " + m.describe())
-    print("EQUAL" if not mismatches else f"NOT EQUAL: {len(mismatches)} mismatch(es)")
-    return 0 if not mismatches else 1
+    first = [m for m in mismatches if not (m.kind or "").startswith("follows")]
+    ties = sum(m.kind == NEAR_TIE for m in first)
+    if not mismatches:
+        print("EQUAL")
+        return 0
+    tolerated = args.dtype_tolerant and dtype not in (None, "float32") and ties == len(first)
+    print(f"{'EQUAL UP TO NEAR-TIES' if tolerated else 'NOT EQUAL'}: {len(first)} divergence(s), {ties} near-tie(s)"
+          f"{f' in {dtype}' if dtype else ''}" + ("" if tolerated or not ties or dtype != "float32" else
+                                                  "; fp32 tolerates none"))
+    return 0 if tolerated else 1
 
 
 if __name__ == "__main__":

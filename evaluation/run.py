@@ -17,6 +17,7 @@ import uuid
 from contextlib import nullcontext
 from dataclasses import fields
 from pathlib import Path
+from textwrap import shorten
 
 import hydra
 import torch
@@ -25,9 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, save_torch_atomic, write_json_atomic
 from evaluation.data import Question, load_bench, shard
 from evaluation.errors import HarnessError, exit_on_error
-from evaluation.models import ModelSpec, load_model, max_context, stop_token_ids
+from evaluation.models import (ModelSpec, claim_device, cpu_fallback, load_model, max_context, release_devices,
+                               stop_token_ids)
 from evaluation.paths import ROOT
-from evaluation.prompts import check_template, prompt_ids
+from evaluation.prompts import check_template, describe, prompt_ids
 from methods.base import build_proposer
 from methods.decode import Generation, generate
 from methods.engine import build_engine
@@ -36,6 +38,10 @@ from methods.tr import AUTO, TokenRecycling
 STATE = "proposer_state.pt"
 # A run without overrides goes to .../<method>/default, so that runs with overrides are its siblings.
 OmegaConf.register_new_resolver("or_default", lambda name: name or "default", replace=True)
+# ${cuda_devices:} / ${cuda_devices:1}: the CUDA devices this machine shows (at least the argument), for
+# conf/cluster/: local jobs see them all and each claims one.
+OmegaConf.register_new_resolver("cuda_devices", lambda least=0: max(int(least), torch.cuda.device_count()),
+                                replace=True)
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -90,9 +96,10 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
 class Runner:
     """Holds the loaded model and proposer; answers one question at a time."""
 
-    def __init__(self, cfg: DictConfig, loaded: tuple | None = None):
-        """``loaded``: a (model, tokenizer, device) already loaded for ``cfg.model``, to share between runners."""
-        self.spec = model_spec(cfg)
+    def __init__(self, cfg: DictConfig, loaded: tuple | None = None, spec: ModelSpec | None = None):
+        """``loaded``: a (model, tokenizer, device) already loaded for ``cfg.model``, to share between runners;
+        ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
+        self.spec = spec or model_spec(cfg)
         self.max_new_tokens = int(cfg.bench.max_new_tokens)
         if self.max_new_tokens < 1:
             raise HarnessError(f"bench.max_new_tokens must be at least 1, got {self.max_new_tokens}")
@@ -100,7 +107,7 @@ class Runner:
         self.model, self.tok, self.device = loaded or load_model(self.spec)
         self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
         self.engine = build_engine(self.model, OmegaConf.to_container(cfg.engine, resolve=True))
-        check_template(self.spec.template, self.tok)
+        check_template(self.spec, self.tok)
         self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size, target=self.model,
                                        device=self.device)
         self.stop_ids = stop_token_ids(self.model, self.tok)
@@ -109,6 +116,7 @@ class Runner:
             from evaluation.calibrate import auto_tree
 
             auto_tree(self)
+        self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
 
     def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
         return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
@@ -117,7 +125,7 @@ class Runner:
     def answer(self, q: Question) -> dict:
         answers, turns = [], []
         for i in range(len(q.turns)):
-            ids = prompt_ids(self.spec.template, self.tok, list(q.turns[: i + 1]), answers)
+            ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), answers)
             room = self.context - len(ids)
             if room < 1:
                 raise HarnessError(
@@ -171,7 +179,17 @@ def run(cfg: DictConfig, out: Path) -> Path:
             raise HarnessError(
                 f"{out} holds a run with a different configuration ({config_file}); "
                 f"choose another folder with hydra.run.dir=DIR, or delete it to start over")
-    runner = Runner(cfg)
+    spec, claim = model_spec(cfg), None
+    if cfg.runtime.get("exclusive_device", False):  # parallel local jobs: one device each (conf/cluster/)
+        spec, claim = claim_device(spec)
+    runner = Runner(cfg, spec=spec)
+    compiled = runner.engine.summary().get("compiled")
+    if compiled:
+        print(f"compiled {len(compiled['graphs'])} step graph(s) (sizes {compiled['graphs']}) in "
+              f"{compiled['seconds']:.1f} s, before timing")
+    prompt = describe(runner.spec)
+    print(f"prompt format: {prompt['template']}; system prompt: {shorten(prompt['system_prompt'], 50)}; "
+          f"suffix {prompt['suffix']!r}; from {prompt['source']}")
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, config_file, resolve=True)
     writer = AnswerWriter(out / ANSWERS)
@@ -187,6 +205,10 @@ def run(cfg: DictConfig, out: Path) -> Path:
                   "selection": [q.question_id for q in selection], "questions": [q.question_id for q in questions]},
         "config": resolved,
         "environment": environment(runner.device, next(runner.model.parameters()).dtype),
+        "engine": runner.engine.summary(),
+        "prompt": prompt,
+        **({"device_claim": claim} if claim else {}),
+        **({"device_fallback": warning} if (warning := cpu_fallback(runner.spec, runner.device)) else {}),
         "method_state": runner.proposer.summary(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -230,7 +252,7 @@ def run(cfg: DictConfig, out: Path) -> Path:
         steps += len(c["accept_lengths"])
         bar.set_postfix(q=q.question_id, tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
     summary.update(status="finished", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   answered=len(writer.done), method_state=runner.proposer.summary())
+                   answered=len(writer.done), method_state=runner.proposer.summary(), engine=runner.engine.summary())
     write_json_atomic(out / SUMMARY, summary)
     print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
     return out
@@ -252,6 +274,8 @@ def main(cfg: DictConfig) -> None:
 
             shutil.rmtree(out, ignore_errors=True)
         raise
+    finally:
+        release_devices()  # a launcher may run the next job in this same process (joblib with one worker)
 
 
 if __name__ == "__main__":

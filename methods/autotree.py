@@ -32,7 +32,7 @@ import time
 import torch
 
 from methods.base import Draft
-from methods.decode import _sync
+from methods.engine import sync
 from methods.tree import Tree, grow_tree
 from methods.verify import verify
 
@@ -65,10 +65,10 @@ def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5) -> 
             draft = Draft(torch.randint(vocab, (n,), generator=gen).to(device), star(n).to(device))
             times = []
             for i in range(repeats + 1):
-                _sync(device)
+                sync(device)
                 t = time.perf_counter()
                 verify(engine, draft)
-                _sync(device)
+                sync(device)
                 if i:
                     times.append(time.perf_counter() - t)
                 engine.commit(c, [])

@@ -67,6 +67,11 @@ class Proposer:
     def update(self, draft: Draft, result: Verification) -> None:
         pass
 
+    def step_sizes(self) -> list[int] | None:
+        """Every size (tree nodes, root included) this proposer's drafts can have, so that a compiled engine
+        compiles them all before anything is timed; None: not known in advance."""
+        return None
+
     def state_dict(self) -> dict:
         """State that outlives a request (saved with a run so that a resumed run continues it)."""
         return {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import Proposer
-from methods.engine import Engine, HFEngine
+from methods.engine import Engine, HFEngine, sync
 from methods.verify import verify
 
 
@@ -38,11 +38,6 @@ class Generation:
         return self.prefill_time + self.decode_time
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class PhaseTimer:
     """Seconds spent per phase of the loop (forward, propose, accept, update, commit), for profiling.
 
@@ -55,10 +50,10 @@ class PhaseTimer:
 
     @contextmanager
     def __call__(self, phase: str):
-        _sync(self.device)
+        sync(self.device)
         t = time.perf_counter()
         yield
-        _sync(self.device)
+        sync(self.device)
         self.seconds[phase] += time.perf_counter() - t
 
 
@@ -90,14 +85,14 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
         accept_lengths.append(len(tokens))
         return stop is not None or len(new) >= max_new_tokens
 
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
     full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
     logits, states = engine.forward(ids[:n_prompt], last_only=not full, hidden=hidden)
     proposer.reset(ids[:n_prompt], turn, logits if full else None, states)
     done = commit([int(logits[-1].argmax())])
-    _sync(device)
+    sync(device)
     t1 = time.perf_counter()
     while not done:
         # 2. Propose a draft tree rooted at the newest token (not yet in the cache).
@@ -110,6 +105,6 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
             proposer.update(draft, result)
         # 5. Commit accepted drafts and the bonus token.
         done = commit(result.new_tokens)
-    _sync(device)
+    sync(device)
     t2 = time.perf_counter()
     return Generation(new, accept_lengths, t1 - t0, t2 - t1, "eos" if new[-1] in stop_ids else "length")

@@ -23,9 +23,12 @@ entries are dropped after each proposal (``kv.truncate``).
   ``depth + 1`` (EAGLE-2's code counts its depth so); the best ``total_tokens - 1`` of all
   candidates by cumulative log-probability form the draft.
 
-The head's weights come from ``method.head``: a folder or hub id in the published
-layout (``config.json`` with ``pytorch_model.bin`` or ``model.safetensors``, keys
-``fc.*`` and ``layers.0.*``; GUIDE section 4), or ``random`` (still lossless, only slow).
+The head's weights come from ``method.head``: a folder or hub id (``methods.hub``) in the
+published layout of SafeAILab/EAGLE (``config.json`` with ``pytorch_model.bin`` or
+``model.safetensors``, keys ``fc.*`` and ``layers.0.*``; ``fc`` has a bias unless the config
+says ``"bias": false``, as ``eagle/model/ea_model.py`` reads it: EAGLE's Llama-3 heads have
+none), or ``random`` (still lossless, only slow). The head runs in the target's dtype, its
+rotary frequencies in fp32 (``fp32_rotary``).
 """
 from __future__ import annotations
 
@@ -37,13 +40,12 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from methods import kv
+from methods import hub, kv
 from methods.base import ConfigError, Draft, Proposer, Verification, register
-from methods.engine import Linear, can_pack
+from methods.engine import Linear, can_pack, fp32_rotary
 from methods.tree import Tree, load_template
 from methods.verify import additive_mask
 
-ROOT = Path(__file__).resolve().parents[1]
 # Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.
 IGNORED = ("embed_tokens.weight", "rotary_emb.inv_freq")
 
@@ -51,11 +53,11 @@ IGNORED = ("embed_tokens.weight", "rotary_emb.inv_freq")
 class EagleHead(nn.Module):
     """``fc([token embedding, feature])`` then one Llama decoder layer without its input norm."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, bias: bool = True):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fc = nn.Linear(2 * h, h, bias=bias)
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, layer_idx=0)])
         self.layers[0].input_layernorm = nn.Identity()
         self.rotary = LlamaRotaryEmbedding(config)
@@ -68,21 +70,28 @@ class EagleHead(nn.Module):
                               use_cache=True, position_embeddings=self.rotary(x, position_ids))
 
 
+ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+
+
 def head_config(target_config, **overrides) -> LlamaConfig:
-    """The head's config: the target's attention and MLP shapes, one layer."""
+    """The head's config: the target's attention and MLP shapes, one layer; ``overrides`` from the head's own
+    config.json. Its rotary settings, when it has any, replace the target's (EAGLE's heads carry their own)."""
     c = target_config.to_dict()
+    if any(k in overrides for k in ROPE_KEYS):
+        for k in ROPE_KEYS:
+            c.pop(k, None)
     c.update(num_hidden_layers=1, **overrides)
     config = LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "model_type")})
     config._attn_implementation = "sdpa"
     return config
 
 
-def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: LlamaConfig, bias: bool = True) -> dict[str, tuple[int, ...]]:
     h, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     d = getattr(config, "head_dim", None) or h // heads
     i = config.intermediate_size
     return {
-        "fc.weight": (h, 2 * h), "fc.bias": (h,),
+        "fc.weight": (h, 2 * h), **({"fc.bias": (h,)} if bias else {}),
         "layers.0.self_attn.q_proj.weight": (heads * d, h), "layers.0.self_attn.k_proj.weight": (kv_heads * d, h),
         "layers.0.self_attn.v_proj.weight": (kv_heads * d, h), "layers.0.self_attn.o_proj.weight": (h, heads * d),
         "layers.0.mlp.gate_proj.weight": (i, h), "layers.0.mlp.up_proj.weight": (i, h),
@@ -91,21 +100,13 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _find(head: str) -> Path:
-    path = Path(head).expanduser()
-    if not path.is_absolute() and not path.exists() and (ROOT / path).exists():
-        path = ROOT / path
-    if path.is_dir():
-        return path
-    if path.suffix or head.startswith((".", "/", "~")) or head.count("/") != 1:
-        raise ConfigError(f"no EAGLE head at {head}; give a folder with config.json and pytorch_model.bin or "
-                          f"model.safetensors, a hub id, or method.head=random")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(head, allow_patterns=["config.json", "*.bin", "*.safetensors"]))
-    except Exception as e:  # offline, unknown repository, ...
-        raise ConfigError(f"could not fetch the EAGLE head '{head}' from the hub ({type(e).__name__}); download "
-                          f"it beforehand and give its folder as method.head=PATH") from None
+    where = hub.locate(head, "method.head")
+    if isinstance(where, str):
+        return hub.download(where, "method.head", ["config.json", "*.bin", "*.safetensors"])
+    if not where.is_dir():
+        raise ConfigError(f"method.head={head} is a file; give the folder holding its config.json and "
+                          f"pytorch_model.bin or model.safetensors")
+    return where
 
 
 def load_head(head: str, target_config) -> EagleHead:
@@ -122,7 +123,8 @@ def load_head(head: str, target_config) -> EagleHead:
                           f"{target_config.vocab_size}: give the head trained for this model")
     config = head_config(target_config, **{k: raw[k] for k in (
         "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-        "rope_theta", "rope_parameters", "max_position_embeddings") if k in raw})
+        "max_position_embeddings", *ROPE_KEYS) if k in raw})
+    bias = raw.get("bias", True)
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
@@ -132,7 +134,7 @@ def load_head(head: str, target_config) -> EagleHead:
     else:
         raise ConfigError(f"EAGLE head {folder} has neither model.safetensors nor pytorch_model.bin")
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED)}
-    want = expected_shapes(config)
+    want = expected_shapes(config, bias)
     missing = sorted(set(want) - set(state))
     if missing:
         raise ConfigError(f"EAGLE head {folder} lacks {', '.join(missing)}: not a checkpoint in EAGLE's layout")
@@ -143,7 +145,7 @@ def load_head(head: str, target_config) -> EagleHead:
         if tuple(state[key].shape) != shape:
             raise ConfigError(f"EAGLE head {folder}: {key} has shape {tuple(state[key].shape)}, but the target "
                               f"(hidden size {target_config.hidden_size}) needs {shape}")
-    model = EagleHead(config)
+    model = EagleHead(config, bias)
     model.load_state_dict(state, strict=False)  # the rotary buffer is not in a checkpoint
     return model
 
@@ -164,7 +166,8 @@ class _Eagle(Proposer):
 
     def __init__(self, head: EagleHead, target, width: int, head_name: str, device: torch.device):
         self.device = device
-        self.head = head.to(device=device, dtype=next(target.parameters()).dtype).eval().requires_grad_(False)
+        self.head = fp32_rotary(head.to(device=device, dtype=next(target.parameters()).dtype)).eval()
+        self.head.requires_grad_(False)
         self.embed = target.get_input_embeddings()  # shared with the target, as in EAGLE
         dtype = next(target.parameters()).dtype
         self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype))  # oneDNN-packed on a CPU
@@ -267,6 +270,9 @@ class Eagle(_Eagle):
         kv.truncate(self.cache, past)
         return Draft(tokens, tree)
 
+    def step_sizes(self) -> list[int]:
+        return [self.tree.size]
+
     def summary(self) -> dict:
         return {**super().summary(), "tree": self.tree_name, "tree_nodes": self.tree.size,
                 "tree_depth": self.tree.max_depth}
@@ -329,6 +335,10 @@ class Eagle2(_Eagle):
         chosen = [0] + keep
         tokens = torch.tensor([tok[chosen[i]] for i in order], device=self.device)
         return Draft(tokens, tree.to(self.device))
+
+    def step_sizes(self) -> list[int]:
+        candidates = self.width + self.depth * self.width * self.width
+        return [1 + min(self.total - 1, candidates)]
 
     def summary(self) -> dict:
         return {**super().summary(), "depth": self.depth, "total_tokens": self.total}

@@ -27,8 +27,14 @@ Two engines (``engine=`` in the Hydra config, ``conf/engine/``):
     prefill (its size is the prompt's) stays eager. The weights are the graph's
     inputs, not packed for oneDNN (inductor's freezing would pack them but cannot cache
     its artefacts); the compiled code is cached on disk (``data/cache/inductor``), so
-    only the first run pays for the code generation.
-    ``engine.compile_mode`` is passed on (``reduce-overhead`` adds CUDA graphs on a GPU).
+    only the first run pays for the code generation. ``prepare(sizes)`` compiles every
+    step size a proposer declares (``Proposer.step_sizes``) before anything is timed;
+    more than four sizes are padded up to powers of two (``graph_sizes``; a padding node
+    sees only itself and is never committed). ``engine.compile_mode`` is passed on
+    (``reduce-overhead`` adds CUDA graphs on a GPU).
+
+    On CUDA, grouped K/V heads are expanded before attention: with a mask no fused
+    kernel takes ``enable_gqa`` (``sdpa_backend``; ``summary()`` records the kernel).
 
 Both compute the same function; tokens can differ only where two logits tie to
 within rounding (``evaluation.equal`` shows where).
@@ -36,6 +42,7 @@ within rounding (``evaluation.equal`` shows where).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -51,13 +58,36 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 INDUCTOR_CACHE = Path(__file__).resolve().parents[1] / "data" / "cache" / "inductor"
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (timing on a GPU); nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fp32_rotary(module: torch.nn.Module) -> torch.nn.Module:
+    """Give every rotary embedding in ``module`` fp32 frequencies again, recomputed from its config.
+
+    ``module.half()`` (or ``.to(float16)``) casts the ``inv_freq`` buffers too; the rotary angle
+    ``position * inv_freq`` is then off by about 0.24 rad at position 1000 with head_dim 128. transformers
+    computes them in fp32 when it loads a model in any dtype; this restores that after a cast.
+    """
+    for m in module.modules():
+        inv = getattr(m, "inv_freq", None)
+        if isinstance(inv, torch.Tensor) and inv.dtype != torch.float32 and hasattr(m, "config"):
+            fresh = type(m)(m.config)  # computed on the CPU in fp32
+            for name, buffer in fresh.named_buffers(recurse=False):
+                setattr(m, name, buffer.to(inv.device))
+    return module
+
+
 class Engine:
     """Runs the target model over one sequence at a time (see the module docstring)."""
 
     name: str
+    expand_kv: bool  # grouped K/V heads are expanded before attention (sdpa_backend)
 
     def __init__(self, model):
-        self.model = model
+        self.model = fp32_rotary(model)
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
 
@@ -84,11 +114,47 @@ class Engine:
         """Keep, of the entries appended from slot ``start`` on, the nodes ``path`` (increasing) only."""
         raise NotImplementedError
 
+    def prepare(self, sizes: list[int] | None) -> None:
+        """Get ready for steps of these sizes (tree nodes) before anything is timed (compiled engines compile)."""
+
+    def summary(self) -> dict:
+        """What the run summary records about the engine: its name, its attention kernel, compiled graphs."""
+        cfg = self.model.config
+        heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return {"name": self.name, "attention": sdpa_backend(heads, kv_heads, head_dim, self.dtype, self.device,
+                                                             expand_kv=self.expand_kv)}
+
+
+def sdpa_backend(heads: int, kv_heads: int, head_dim: int, dtype, device, expand_kv: bool) -> dict:
+    """The kernel ``scaled_dot_product_attention`` picks for a tree step: 8 queries, 64 keys, a bool mask.
+
+    With grouped-query attention (``kv_heads < heads``) and a mask, no fused CUDA kernel takes ``enable_gqa``
+    (PyTorch falls back to the math path), so on CUDA the K/V heads are expanded first (``expand_kv``).
+    """
+    q = torch.zeros(1, heads, 8, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(1, heads if expand_kv else kv_heads, 64, head_dim, dtype=dtype, device=device)
+    mask = torch.ones(8, 64, dtype=torch.bool, device=device)
+    return {"backend": sdpa_choice(q, k, k, mask),
+            "gqa": ("expanded" if expand_kv else "enable_gqa") if heads != kv_heads else "none"}
+
+
+def sdpa_choice(q, k, v, mask) -> str:
+    """The name of the kernel ``scaled_dot_product_attention(q, k, v, attn_mask=mask)`` runs (``enable_gqa``
+    when k has fewer heads than q)."""
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, False, enable_gqa=k.shape[1] != q.shape[1])).name
+    except Exception as e:  # a private function: report what it said rather than fail a run over it
+        return f"unknown ({type(e).__name__})"
+
 
 class HFEngine(Engine):
     """The stock Hugging Face forward over a ``DynamicCache`` (the reference)."""
 
     name = "hf"
+    expand_kv = True  # transformers expands grouped K/V heads itself when a mask is passed (its use_gqa_in_sdpa)
 
     def __init__(self, model):
         super().__init__(model)
@@ -140,7 +206,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 class _Layer:
     """One Llama decoder layer on 2-D activations [n, hidden]."""
 
-    def __init__(self, layer, pack: bool):
+    def __init__(self, layer, pack: bool, expand_kv: bool):
         at, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = (Linear(m, pack) for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
         self.gate, self.up, self.down = (Linear(m, pack) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
@@ -149,6 +215,7 @@ class _Layer:
         self.heads, self.kv_heads, self.head_dim = at.config.num_attention_heads, at.config.num_key_value_heads, \
             at.head_dim
         self.scale = at.scaling
+        self.expand = expand_kv and self.heads != self.kv_heads  # see sdpa_backend
 
     def qkv(self, x, cos, sin):
         """Pre-attention: the rotated queries [heads, n, d] and keys and values [kv_heads, n, d]."""
@@ -160,8 +227,11 @@ class _Layer:
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
     def attend(self, q, keys, values, mask):
+        if self.expand:
+            group = self.heads // self.kv_heads
+            keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
         o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=self.scale,
-                                           enable_gqa=self.heads != self.kv_heads)
+                                           enable_gqa=self.heads != keys.shape[0])
         return o[0].transpose(0, 1).reshape(q.shape[1], self.heads * self.head_dim)
 
     def rest(self, x, o):
@@ -172,6 +242,20 @@ class _Layer:
 
 
 SPAN = 64  # attention reads the cache up to the committed length + n, rounded up to this many slots
+EXACT_GRAPHS = 4  # up to this many step sizes compile a graph each; more are padded to powers of two
+
+
+def graph_sizes(sizes: list[int]) -> list[int]:
+    """The step sizes to compile for a proposer that drafts trees of ``sizes`` nodes: those sizes when they are
+    few, else the powers of two that cover them (a step is padded up to the next compiled size).
+
+    >>> graph_sizes([81]), graph_sizes(range(1, 12))
+    ([81], [1, 2, 4, 8, 16])
+    """
+    sizes = sorted(set(sizes))
+    if len(sizes) <= EXACT_GRAPHS:
+        return sizes
+    return sorted({1 << (n - 1).bit_length() for n in sizes})
 
 
 class StaticEngine(Engine):
@@ -193,11 +277,15 @@ class StaticEngine(Engine):
         inner = model.model
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.lm_head = Linear(model.lm_head, pack)
-        self.layers = [_Layer(layer, pack and not compile) for layer in inner.layers]
+        self.pack = pack and not compile
+        self.expand_kv = self.device.type == "cuda"
+        self.layers = [_Layer(layer, self.pack, self.expand_kv) for layer in inner.layers]
         self.head_dim = self.layers[0].head_dim
         self.cache: kv.StaticKV | None = None
         self._rope = (torch.empty(0), torch.empty(0))
         self._compiled = None  # the compiled steps (engine.compile)
+        self.graphs: dict[int, float] = {}  # compiled step size -> seconds its compilation took (prepare)
+        self.late: set[int] = set()  # sizes compiled inside a timed step (a proposer that did not declare them)
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
@@ -230,9 +318,48 @@ class StaticEngine(Engine):
         return self.cache.length
 
     @torch.inference_mode()
+    def prepare(self, sizes: list[int] | None) -> None:
+        """Compile (engine.compile) a graph for every step size the proposer can produce, before any timing:
+        each is run three times on a dummy sequence (CUDA graphs record on the later runs)."""
+        if self._compiled is None or not sizes:
+            return
+        for size in graph_sizes(sizes):
+            if size in self.graphs:
+                continue
+            chain = Tree.chain(size).to(self.device)
+            tokens = torch.zeros(size, dtype=torch.long, device=self.device)
+            self.graphs[size] = 0.0  # a prepared size from now on
+            sync(self.device)
+            t0 = time.perf_counter()
+            self.start(2 * SPAN + size)
+            self.forward(tokens[:1])  # the prefill (eager)
+            for _ in range(3):
+                self.forward(tokens, chain)
+                self.commit(1, [])
+            sync(self.device)
+            self.graphs[size] = time.perf_counter() - t0
+
+    def summary(self) -> dict:
+        out = {**super().summary(), "pack": self.pack, "compile": self._compiled is not None}
+        if self._compiled is not None:
+            out["compiled"] = {"graphs": sorted(self.graphs), "seconds": round(sum(self.graphs.values()), 2),
+                               "compiled_while_timed": sorted(self.late)}
+        return out
+
+    def _graph_size(self, n: int) -> int:
+        """The compiled size a step of ``n`` nodes runs as (padded); a size not prepared compiles now."""
+        size = min((g for g in self.graphs if g >= n), default=None)
+        if size is None:
+            self.late.add(n)
+            size = n
+        return size
+
+    @torch.inference_mode()
     def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
         n, past = tokens.shape[0], self.cache.length
-        span = self._room(past + n)
+        step = self._compiled is not None and tree is not None  # a compiled step (the prefill stays eager)
+        size = self._graph_size(n) if step else n
+        span = self._room(past + size)
         cache = self.cache
         if tree is None or tree.is_chain:
             positions = torch.arange(past, past + n, device=self.device)
@@ -245,13 +372,18 @@ class StaticEngine(Engine):
             mask = rel[None, :] <= torch.arange(n, device=self.device)[:, None]
         else:
             mask = (rel < 0) | ((rel < n) & ancestors[:, rel.clamp(0, n - 1)])
+        if size > n:  # padding nodes: each sees only itself, and is written past the step's own entries
+            pad = torch.arange(n, size, device=self.device)
+            tokens = torch.cat([tokens, torch.zeros_like(pad)])
+            positions = torch.cat([positions, torch.full_like(pad, past)])
+            mask = torch.cat([mask, rel[None, :] == pad[:, None]])
         cos, sin = self._rope[0][positions], self._rope[1][positions]
-        slots = torch.arange(past, past + n, device=self.device)
+        slots = torch.arange(past, past + size, device=self.device)
         x = self.embed(tokens)
-        if self._compiled is not None and tree is not None:  # a step (the prefill stays eager): one graph per n
+        if step:  # one graph per size
             for t, dim in ((mask, 1), (cache.keys, 2), (cache.values, 2)):  # any span, any cache capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-            x = self._compiled(x, cos, sin, mask, slots, cache.keys, cache.values)
+            x = self._compiled(x, cos, sin, mask, slots, cache.keys, cache.values)[:n]
         else:
             x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values)
         cache.length = past + n

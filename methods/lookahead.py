@@ -116,5 +116,9 @@ class Lookahead(Proposer):
         if len(entries) > max(self.guess, 1):
             del entries[0]
 
+    def step_sizes(self) -> list[int]:
+        return sorted({layout(self.level, self.window, rows, c)[0].size
+                       for rows in range(1, self.level) for c in range(self.guess + 1)})
+
     def summary(self) -> dict:
         return {"level": self.level, "window": self.window, "guess": self.guess}

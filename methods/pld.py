@@ -60,5 +60,8 @@ class PromptLookup(Proposer):
         drafts = lookup(context, self.max_ngram, self.num_pred)
         return Draft(torch.cat([context[-1:], drafts]), Tree.chain(len(drafts) + 1).to(context.device))
 
+    def step_sizes(self) -> list[int]:
+        return list(range(1, self.num_pred + 2))  # the root and 0..num_pred drafts
+
     def summary(self) -> dict:
         return {"max_ngram": self.max_ngram, "num_pred_tokens": self.num_pred}

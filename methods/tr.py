@@ -156,6 +156,9 @@ class TokenRecycling(Proposer):
         last = torch.where(same & later, idx[None, :], idx[:, None]).amax(dim=1)
         self.M[tokens] = top[last]
 
+    def step_sizes(self) -> list[int]:
+        return [self.tree.size]  # tree=auto: called after the tree is chosen
+
     def state_dict(self) -> dict:
         return {"M": self.M, "node_accepts": self.node_accepts, "tree_parents": list(self.tree.parents),
                 "auto": self.auto}

@@ -22,3 +22,6 @@ class Vanilla(Proposer):
 
     def propose(self, context: torch.Tensor) -> Draft:
         return Draft(context[-1:], self.tree)
+
+    def step_sizes(self) -> list[int]:
+        return [1]

@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     model, tok, device = load_model(spec)
     engine = build_engine(model, {"name": args.engine})
     stop = stop_token_ids(model, tok)
-    prompts = [prompt_ids(spec.template, tok, [q.turns[0]], [])
+    prompts = [prompt_ids(spec, tok, [q.turns[0]], [])
                for q in load_bench(None, limit_per_category=args.per_task)]
     tr = build_proposer("tr", {"tree": args.tree}, vocab_size=model.config.vocab_size, device=device)
     generate(engine, tr, prompts[0], max_new_tokens=args.max_new_tokens, stop_ids=stop)  # warm-up

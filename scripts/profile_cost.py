@@ -10,8 +10,8 @@ reference forward), then drops the draft from the cache; the median of
 ``--repeats`` timed runs after one untimed run is kept. The curve, in milliseconds and as a
 multiple of the plain step, goes to ``cost.csv`` and ``cost.png``/``.pdf`` under --out
 (default ``results/cost/<model>-<device>-<dtype>-<engine>/``), with the environment in ``cost.json``.
-``--shape vicuna-7b|vicuna-13b`` times a randomly initialised Llama of that shape instead of
-the configured checkpoint: timing needs no trained weights (for GPUs without the weights).
+``--shape NAME`` (a shipped model config: ``evaluation.shapes``) times a randomly initialised Llama of that
+shape instead of the configured checkpoint: timing needs no trained weights (for GPUs without the weights).
 ``--mat`` (TR's measured MAT with the paper tree) and ``--accept`` (a tree=auto acceptance
 table) print the TR speedups this curve implies: the paper tree's, and tree=auto's choice.
 """
@@ -29,19 +29,11 @@ from evaluation.models import load_model
 from evaluation.paths import RESULTS
 from evaluation.report import engine_name
 from evaluation.run import compose_config, environment, model_spec
+from evaluation.shapes import SHAPES, random_model
 from methods.autotree import choose_tree, cost_curve, measure_cost
 from methods.engine import build_engine
 
 PAPER_TOKENS = 81  # TR's paper tree: the root and 80 drafts
-
-# Llama shapes of the published checkpoints (config.json of lmsys/vicuna-*-v1.3), for --shape.
-SHAPES = {
-    "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=2048),
-    "vicuna-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
-                       num_key_value_heads=40, vocab_size=32000, max_position_embeddings=2048),
-}
-
 
 def ints(text: str) -> list[int]:
     try:
@@ -90,15 +82,11 @@ def main(argv=None) -> None:
     cfg = compose_config(list(args.set))
     spec = model_spec(cfg)
     if args.shape:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
         from evaluation.models import resolve_device, resolve_dtype
 
         device = resolve_device(spec.device)
-        dtype = resolve_dtype(spec.dtype, device)
-        with torch.device(device):
-            model = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape], attn_implementation=spec.attn_implementation))
-        model = model.to(dtype).eval()
+        model = random_model(args.shape, dtype=resolve_dtype(spec.dtype, device), device=device,
+                             attn_implementation=spec.attn_implementation)
         name = f"{args.shape}-random"
     else:
         model, _, device = load_model(spec)

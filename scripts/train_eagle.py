@@ -79,7 +79,7 @@ def passage_prompts(passages: list[tuple[str, str]], seed: int = 0) -> list[str]
 
 
 @torch.no_grad()
-def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: int, device,
+def respond(model, tok, spec, prompts: list[str], max_new: int, batch: int, device,
             store: Path | None = None) -> tuple[list[list[int]], list[int]]:
     """The target's greedy answers, batched (left padding): (prompt + answer ids, prompt length) per prompt.
 
@@ -89,7 +89,7 @@ def respond(model, tok, template: str, prompts: list[str], max_new: int, batch: 
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = tok.eos_token_id
     done = torch.load(store) if store and store.is_file() else {}
-    ids = {p: prompt_ids(template, tok, [p], []) for p in prompts}
+    ids = {p: prompt_ids(spec, tok, [p], []) for p in prompts}
     todo = sorted((p for p in dict.fromkeys(prompts) if p not in done), key=len)  # similar lengths: less padding
     for i in tqdm(range(0, len(todo), batch), desc=f"responses ({len(prompts) - len(todo)} stored)", unit="batch"):
         chunk = todo[i:i + batch]
@@ -116,7 +116,7 @@ def features(model, seqs: list[list[int]], device) -> list[dict]:
     return data
 
 
-def build_data(model, tok, template: str, args, device) -> list[dict]:
+def build_data(model, tok, spec, args, device) -> list[dict]:
     cache = Path(args.data) if args.data else \
         CACHE / "eagle" / args.model / f"data-v3-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
     if cache.is_file():
@@ -124,10 +124,10 @@ def build_data(model, tok, template: str, args, device) -> list[dict]:
         return torch.load(cache, weights_only=False)
     store = cache.parent / f"responses-n{args.max_new_tokens}.pt"
     prompts = (training_prompts() + more_prompts())[: args.limit]
-    seqs, starts = respond(model, tok, template, prompts, args.max_new_tokens, args.batch, device, store)
+    seqs, starts = respond(model, tok, spec, prompts, args.max_new_tokens, args.batch, device, store)
     texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
     passages = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(PASSAGE_ASKS)]
-    more, more_starts = respond(model, tok, template, passage_prompts(passages), args.max_new_tokens, args.batch,
+    more, more_starts = respond(model, tok, spec, passage_prompts(passages), args.max_new_tokens, args.batch,
                                 device, store)
     data = features(model, seqs + more, device)
     for d, start in zip(data, starts + more_starts):
@@ -244,7 +244,7 @@ def main(argv=None) -> None:
     spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))
     model, tok, device = load_model(spec)
     t0 = time.time()
-    data = build_data(model, tok, spec.template, args, device)
+    data = build_data(model, tok, spec, args, device)
     data_minutes = (time.time() - t0) / 60
     rng = random.Random(args.seed)
     rng.shuffle(data)

@@ -30,3 +30,22 @@ def embedded():
     spec = ModelSpec(**{**raw, "device": "cpu", "dtype": "float32"})
     model, tok, _ = load_model(spec)
     return model, tok, spec
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face hub cache, offline: a hub id resolves only to what the test puts in it
+    (``tests.checkpoints.hub_snapshot``); subprocesses inherit it through the environment."""
+    from huggingface_hub import constants
+
+    from methods import hub
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.offline.cache_clear()
+    yield cache
+    hub.offline.cache_clear()

@@ -62,7 +62,7 @@ def test_vanilla_equals_model_generate(vanilla_run, embedded):
     for rec in read_answers(vanilla_run):
         q, c = questions[rec["question_id"]], rec["choices"][0]
         for turn in range(len(q.turns)):
-            ids = prompt_ids(spec.template, tok, list(q.turns[: turn + 1]), c["turns"][:turn])
+            ids = prompt_ids(spec, tok, list(q.turns[: turn + 1]), c["turns"][:turn])
             out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False)
             assert out[0, len(ids):].tolist() == c["token_ids"][turn], (q.question_id, turn)
 
@@ -152,7 +152,7 @@ def _bad(tmp_path, *args):
     (["method=trr"], "Could not find 'method/trr'"),
     (["model=gpt5"], "Could not find 'model/gpt5'"),
     (["bench=nope"], "Could not find 'bench/nope'"),
-    (["model.checkpoint=/nonexistent/vicuna"], "'/nonexistent/vicuna' is neither a local folder nor a hub id"),
+    (["model.checkpoint=/nonexistent/vicuna"], "model.checkpoint=/nonexistent/vicuna: no such folder here, and not a hub id"),
     (["bench.path=/nonexistent/q.jsonl"], "question file /nonexistent/q.jsonl does not exist"),
     (["bench.max_new_tokens=0"], "bench.max_new_tokens must be at least 1"),
     (["warmup=-1"], "warmup must be 0 or more"),

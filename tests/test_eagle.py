@@ -3,12 +3,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from methods.base import ConfigError, build_proposer
 from methods.decode import generate
-from methods.eagle import EagleHead, expected_shapes, head_config, load_head
+from methods.eagle import EagleHead, load_head
+from tests.checkpoints import hub_snapshot, save_eagle_head
 
 CPU = torch.device("cpu")
 
@@ -18,29 +18,9 @@ def build(model, name="eagle", **params):
                           target=model)
 
 
-def write_checkpoint(folder, model, fmt="bin", drop=(), reshape=None, extra=None):
-    """A head in the published layout: config.json plus pytorch_model.bin or model.safetensors."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = head_config(model.config)
-    state = {k: torch.randn(s) * 0.02 for k, s in expected_shapes(cfg).items() if k not in drop}
-    state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()  # published heads carry it
-    if reshape:
-        state[reshape] = torch.zeros(3, 3)
-    state.update(extra or {})
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
-        "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads, "num_hidden_layers": 1, "rms_norm_eps": cfg.rms_norm_eps}))
-    if fmt == "bin":
-        torch.save(state, folder / "pytorch_model.bin")
-    else:
-        save_file(state, str(folder / "model.safetensors"))
-    return state
-
-
 @pytest.mark.parametrize("fmt", ["bin", "safetensors"])
 def test_loads_a_head_in_the_published_layout(tiny_model, tmp_path, fmt):
-    state = write_checkpoint(tmp_path / "head", tiny_model, fmt,
+    state = save_eagle_head(tmp_path / "head", tiny_model.config, fmt,
                              extra={"layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)})
     head = load_head(str(tmp_path / "head"), tiny_model.config)
     assert torch.equal(head.fc.weight, state["fc.weight"])
@@ -57,25 +37,80 @@ def test_loads_a_head_in_the_published_layout(tiny_model, tmp_path, fmt):
     (dict(extra={"layers.1.mlp.up_proj.weight": torch.zeros(1)}), "keys this head does not know: layers.1.mlp"),
 ])
 def test_a_wrong_checkpoint_is_refused_naming_key_and_shapes(tiny_model, tmp_path, case, message):
-    write_checkpoint(tmp_path / "head", tiny_model, **case)
+    save_eagle_head(tmp_path / "head", tiny_model.config, **case)
     with pytest.raises(ConfigError, match="EAGLE head") as e:
         load_head(str(tmp_path / "head"), tiny_model.config)
     assert message in str(e.value)
 
 
 def test_a_head_of_another_model_is_refused(tiny_model, tmp_path):
-    write_checkpoint(tmp_path / "head", tiny_model)
+    save_eagle_head(tmp_path / "head", tiny_model.config)
     cfg = json.loads((tmp_path / "head" / "config.json").read_text())
     (tmp_path / "head" / "config.json").write_text(json.dumps({**cfg, "hidden_size": 4096}))
     with pytest.raises(ConfigError, match="for hidden size 4096 .* the target has 64"):
         load_head(str(tmp_path / "head"), tiny_model.config)
 
 
+def test_a_hub_id_is_fetched_as_a_hub_id_even_with_a_suffix(tiny_model, hub_cache):
+    """'yuhuili/EAGLE-Vicuna-7B-v1.3' ends in '.3' but is no file here: it is read from the hub (its cache)."""
+    repo = "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    with pytest.raises(ConfigError) as e:
+        build_proposer("eagle", {"head": repo}, vocab_size=96, device=CPU, target=tiny_model)
+    assert str(e.value).startswith(f"the checkpoint is not in the local cache: download {repo} or set method.head=PATH")
+    state = save_eagle_head(hub_snapshot(hub_cache, repo), tiny_model.config)
+    p = build_proposer("eagle", {"head": repo}, vocab_size=96, device=CPU, target=tiny_model)
+    assert torch.equal(p.head.fc.weight, state["fc.weight"]) and p.summary()["head"] == repo
+
+
+def test_a_head_without_fc_bias_loads_when_its_config_says_so(tiny_model, tmp_path):
+    """EAGLE's Llama-3 heads have ``"bias": false`` in config.json and no ``fc.bias``; EAGLE reads the key
+    (default true), and so do we: such a head loads and drafts; a bias it did not declare is refused."""
+    save_eagle_head(tmp_path / "nobias", tiny_model.config, bias=False)
+    p = build_proposer("eagle2", {"head": str(tmp_path / "nobias")}, vocab_size=96, device=CPU, target=tiny_model)
+    assert p.head.fc.bias is None
+    prompt = [1, 5, 7, 9, 11]
+    ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0, 5:].tolist()
+    assert generate(tiny_model, p, prompt, max_new_tokens=20, stop_ids=set()).token_ids == ref
+    save_eagle_head(tmp_path / "stray", tiny_model.config, bias=False, extra={"fc.bias": torch.zeros(64)})
+    with pytest.raises(ConfigError, match="keys this head does not know: fc.bias"):
+        load_head(str(tmp_path / "stray"), tiny_model.config)
+
+
+def _rope_error(rotary, positions, head_dim, theta):
+    """Largest error of the rotary cos/sin tables at ``positions`` against a float64 computation."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv[None]
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = rotary(torch.empty(1, dtype=torch.float32), positions[None])
+    return max((cos[0].double() - angles.cos()).abs().max(), (sin[0].double() - angles.sin()).abs().max())
+
+
+def test_the_head_keeps_fp32_rotary_frequencies_in_fp16():
+    """Cast to fp16 with its target, the head's rotary inv_freq stayed fp16 and its angles were off by about
+    0.24 rad at position 1000 (head_dim 128): acceptance fell on every GPU run. Now its tables are exact."""
+    cfg = LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096)
+    target = LlamaForCausalLM(cfg).half()
+    p = build_proposer("eagle", {"head": "random"}, vocab_size=96, device=CPU, target=target)
+    assert p.head.fc.weight.dtype == torch.float16 and p.head.rotary.inv_freq.dtype == torch.float32
+    positions = torch.tensor([1000, 1500, 2047, 4000])
+    assert _rope_error(p.head.rotary, positions, 128, 10000.0) < 1e-3
+
+
+def test_the_head_takes_its_own_rotary_base(tiny_model, tmp_path):
+    """A head's config.json that names its rotary base (EAGLE's Llama-3 head: rope_theta 500000) is followed,
+    whatever the target's."""
+    save_eagle_head(tmp_path / "head", tiny_model.config, config_extra={"rope_theta": 500000.0})
+    head = load_head(str(tmp_path / "head"), tiny_model.config)
+    assert head.config.rope_parameters["rope_theta"] == 500000.0
+    assert _rope_error(head.rotary, torch.tensor([300, 511]), 16, 500000.0) < 1e-5
+
+
 @pytest.mark.parametrize("params, message", [
     ({"head": None}, "needs a draft head and the model config names none"),
     ({"head": "random", "topk": 0}, "method.topk must be an integer from 1 to 64"),
     ({"head": "random", "topk": 2}, "uses ranks up to 3, which needs method.topk > 3"),
-    ({"head": "/nowhere/head"}, "no EAGLE head at /nowhere/head"),
+    ({"head": "/nowhere/head"}, "method.head=/nowhere/head: no such folder here, and not a hub id"),
     ({"head": "random", "k": 3}, "has no parameter(s) k"),
 ])
 def test_bad_parameters(tiny_model, params, message):

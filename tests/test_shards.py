@@ -3,6 +3,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from evaluation.answers import read_answers
 from evaluation.data import shard
@@ -93,3 +94,38 @@ def test_sweep_through_the_joblib_launcher(tmp_path):
         "warmup=0", "runtime.progress=false", "bench.question_ids=[161]", "bench.max_new_tokens=4")
     table = (tmp_path / "sweep.md").read_text().splitlines()
     assert len(table) == 4 and {line.split("|")[7].strip() for line in table[2:]} == {"hot", "cold"}
+
+
+def test_a_claimed_device_is_held_until_released():
+    from evaluation.errors import HarnessError
+    from evaluation.models import ModelSpec, claim_device, release_devices
+
+    spec = ModelSpec(name="m", checkpoint="x", template="vicuna_v1.1", device="auto")
+    try:
+        claimed, info = claim_device(spec)
+        assert claimed.device == ("cuda:0" if torch.cuda.is_available() else "cpu") and info["waited_s"] < 1
+        if not torch.cuda.is_available():
+            with pytest.raises(HarnessError, match="no free device among cpu after 1 s"):
+                claim_device(spec, wait_s=1)
+    finally:
+        release_devices()
+    assert claim_device(spec)[1]["waited_s"] < 1
+    release_devices()
+
+
+@pytest.mark.parametrize("cluster", ["local", "joblib"])
+def test_local_cluster_jobs_never_share_a_device(tmp_path, cluster):
+    """cluster=local starts every job at once (submitit), cluster=joblib one per device: either way each job
+    claims a device of its own, so on this GPU-less machine the two runs take the CPU one after the other."""
+    from datetime import datetime
+
+    cli("evaluation.run", "-m", f"cluster={cluster}", "method=vanilla,pld", f"hydra.sweep.dir={tmp_path}",
+        "warmup=0", "runtime.progress=false", "bench.question_ids=[161]", "bench.max_new_tokens=4")
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/*/summary.json"))]
+    assert len(summaries) == 2 and all(s["status"] == "finished" for s in summaries)
+    assert {s["device_claim"]["device"] for s in summaries} == {"cuda:0" if torch.cuda.is_available() else "cpu"}
+    spans = sorted((datetime.strptime(s["started"], "%Y-%m-%dT%H:%M:%S%z"),
+                    datetime.strptime(s["finished"], "%Y-%m-%dT%H:%M:%S%z")) for s in summaries)
+    assert spans[0][1] <= spans[1][0], "the two jobs ran on the CPU at the same time"
+    if cluster == "local" and not torch.cuda.is_available():  # started together: one waited for the other
+        assert max(s["device_claim"]["waited_s"] for s in summaries) > 0

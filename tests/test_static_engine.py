@@ -128,3 +128,64 @@ def test_compiled_steps_equal_eager_greedy_one_graph_per_size(tiny_model, tmp_pa
     p = build_proposer("vanilla", {}, vocab_size=96, device=torch.device("cpu"), target=tiny_model)
     assert generate(again, p, prompt, max_new_tokens=20, stop_ids=set()).token_ids == ref[:20]
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1
+
+
+def test_engines_restore_fp32_rotary_frequencies_of_a_cast_model():
+    """``model.half()`` casts the rotary inv_freq too (0.9 rad off at position 4000, head_dim 128); the engines
+    recompute it in fp32, so a cast model decodes with exact positions."""
+    from tests.test_eagle import _rope_error
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                                         num_attention_heads=2, max_position_embeddings=4096)).half()
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float16
+    for engine in (HFEngine, StaticEngine):
+        engine(model)
+        assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+        assert _rope_error(model.model.rotary_emb, torch.tensor([1000, 4000]), 128, 10000.0) < 1e-3
+        model.half()
+
+
+def test_expanded_kv_heads_compute_the_same_attention(tiny_model):
+    """On CUDA the static engine expands grouped K/V heads before attention (no fused kernel takes a mask with
+    ``enable_gqa``); the expanded path, forced here on the CPU, gives the same logits as ``enable_gqa``."""
+    tree = Tree.from_parents((-1, 0, 0, 1, 2, 2, 4))
+    gen = torch.Generator().manual_seed(4)
+    prompt, drafts = torch.randint(96, (70,), generator=gen), torch.randint(96, (tree.size,), generator=gen)
+    out = []
+    for expand in (False, True):
+        st = StaticEngine(tiny_model, pack=False)
+        for layer in st.layers:
+            layer.expand = expand
+        st.start(128)
+        st.forward(prompt)
+        out.append(st.forward(drafts, tree)[0])
+    _logits_close(out[0], out[1])
+    summary = StaticEngine(tiny_model).summary()
+    assert summary["attention"]["gqa"] == "enable_gqa"  # the CPU keeps enable_gqa: its fused kernel takes it
+    assert summary["attention"]["backend"] in ("FLASH_ATTENTION", "MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
+    """engine.compile=true with PLD (drafts of 1 to 11 nodes): ``prepare`` compiles the powers of two that cover
+    them before anything is timed; decoding then pads each step up to a prepared size, compiles nothing more,
+    and stays token-identical to ``generate``."""
+    from torch._dynamo.utils import counters
+
+    from methods.base import build_proposer
+    from methods.decode import generate
+    from methods.engine import graph_sizes
+
+    p = build_proposer("pld", {"num_pred_tokens": 10}, vocab_size=96, device=torch.device("cpu"))
+    assert graph_sizes(p.step_sizes()) == [1, 2, 4, 8, 16]
+    torch._dynamo.reset()
+    engine = build_engine(tiny_model, {"name": "static", "compile": True})
+    engine.prepare(p.step_sizes())
+    compiled = engine.summary()["compiled"]
+    assert compiled["graphs"] == [1, 2, 4, 8, 16] and compiled["seconds"] > 0
+    counters.clear()
+    for prompt in ([1, 5, 9, 33, 4, 5, 9, 33, 4, 5, 9, 33, 4], [1, 2, 3, 2, 3, 2, 3, 2, 3]):
+        ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):]
+        gen = generate(engine, p, prompt, max_new_tokens=40, stop_ids=set())
+        assert gen.token_ids == ref.tolist()
+    assert max(gen.accept_lengths) > 1  # drafts were accepted: padded steps of several sizes ran
+    assert counters["stats"]["unique_graphs"] == 0 and engine.summary()["compiled"]["compiled_while_timed"] == []

@@ -47,12 +47,12 @@ def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
 def test_responses_are_stored_by_prompt_and_only_new_prompts_are_generated(tmp_path, embedded):
     model, tok, spec = embedded
     store, prompts = tmp_path / "responses.pt", ["Name a color.", "Say hello.", "Count to three."]
-    seqs, starts = respond(model, tok, spec.template, prompts[:2], 6, 2, torch.device("cpu"), store)
+    seqs, starts = respond(model, tok, spec, prompts[:2], 6, 2, torch.device("cpu"), store)
     kept = torch.load(store)
     assert list(kept) == sorted(prompts[:2], key=len) and [s[n:] for s, n in zip(seqs, starts)] == [kept[p] for p in prompts[:2]]
     kept[prompts[0]] = [7, 8]  # a stored answer is read back, not regenerated
     torch.save(kept, store)
-    seqs, starts = respond(model, tok, spec.template, prompts, 6, 2, torch.device("cpu"), store)
+    seqs, starts = respond(model, tok, spec, prompts, 6, 2, torch.device("cpu"), store)
     assert seqs[0][starts[0]:] == [7, 8] and seqs[1][starts[1]:] == kept[prompts[1]]
     ref = model.generate(torch.tensor([seqs[2][:starts[2]]]), max_new_tokens=6, do_sample=False)[0, starts[2]:].tolist()
     if tok.eos_token_id in ref:

@@ -1,0 +1,79 @@
+"""The equality checker says why two outputs differ: a near-tie of the reference model, or a real mismatch."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evaluation.equal import NEAR_TIE, REAL, classify, compare
+from evaluation.paths import ROOT
+from tests.checkpoints import tiny_model, save_model, sentencepiece_tokenizer
+
+
+def test_classify_on_worked_logits():
+    logits = torch.tensor([0.0, 36.0, 35.99, 20.0])  # a margin of 0.01; the fp16 ulp at 36 is 2**-5
+    assert classify(logits, 1, 2, torch.float16)[0] == NEAR_TIE
+    assert classify(logits, 1, 2, torch.float32)[0] == REAL  # fp32 rounding cannot explain 0.01
+    kind, why = classify(logits, 1, 3, torch.float16)
+    assert kind == REAL and "3 not in the top 2" in why
+    assert classify(torch.tensor([0.0, 36.0, 34.0]), 1, 2, torch.float16)[0] == REAL  # 2.0 > 8 ulp = 0.25
+
+
+def test_a_later_turn_follows_the_first_divergence():
+    rec = lambda ids: {"question_id": 81, "model_id": "m", "choices": [{"token_ids": ids}]}  # noqa: E731
+    _, _, mismatches, _ = compare([rec([[1, 2, 3], [4, 5]])], [rec([[1, 9, 3], [4, 6]])])
+    assert [(m.turn, m.position, m.kind) for m in mismatches] == [(1, 1, None), (2, 1, "follows turn 1")]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tied_checkpoint(tmp_path_factory):
+    """A tiny Vicuna-shaped model whose lm_head rows of two tokens are identical: wherever the first is the
+    greedy token, the second ties it exactly (in every dtype), as fp16 near-ties do within rounding."""
+    folder = tmp_path_factory.mktemp("tied")
+    model = tiny_model("vicuna-7b")
+    first, second = 100, 31000
+    with torch.no_grad():
+        model.lm_head.weight[first] += 3.0 * model.lm_head.weight[first].sign()  # often the greedy token
+        model.lm_head.weight[second] = model.lm_head.weight[first]
+    model.save_pretrained(folder)
+    sentencepiece_tokenizer(folder)
+    return folder, first, second
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_near_ties_are_shown_and_tolerated_only_below_fp32(tied_checkpoint, tmp_path, dtype):
+    folder, first, second = tied_checkpoint
+    ref = tmp_path / "ref"
+    p = cli("evaluation.run", "model=vicuna-7b", f"model.checkpoint={folder}", f"model.dtype={dtype}",
+            "model.device=cpu", "bench.question_ids=[161]", "bench.max_new_tokens=24", "warmup=0",
+            "runtime.progress=false", f"hydra.run.dir={ref}")
+    assert p.returncode == 0, p.stderr
+    rec = json.loads((ref / "answers.jsonl").read_text())
+    ids = rec["choices"][0]["token_ids"][0]
+    assert first in ids, "the tied token must be greedy somewhere for this test"
+    pos = ids.index(first)
+
+    def planted(name, token):
+        out = tmp_path / name
+        shutil.copytree(ref, out)
+        changed = json.loads(json.dumps(rec))
+        changed["choices"][0]["token_ids"][0] = ids[:pos] + [token]
+        (out / "answers.jsonl").write_text(json.dumps(changed) + "\n")
+        return out
+
+    tie = cli("evaluation.equal", str(ref), str(planted("tie", second)), "--dtype-tolerant")
+    assert f"first difference at position {pos}: {first} vs {second}: near-tie" in tie.stdout, tie.stdout
+    assert "margin 0;" in tie.stdout
+    if dtype == "float32":
+        assert tie.returncode == 1 and "fp32 tolerates none" in tie.stdout
+    else:
+        assert tie.returncode == 0 and "EQUAL UP TO NEAR-TIES" in tie.stdout
+        assert cli("evaluation.equal", str(ref), str(tmp_path / "tie")).returncode == 1  # not without the flag
+    real = cli("evaluation.equal", str(ref), str(planted("real", 7)), "--dtype-tolerant")
+    assert real.returncode == 1 and "real mismatch" in real.stdout and "NOT EQUAL" in real.stdout

@@ -1,0 +1,134 @@
+"""First contact with real checkpoints: what a user meets the first time a shipped model config runs.
+
+The checkpoints are built here in the layouts the real ones come in (a SentencePiece ``tokenizer.model``
+only, as Vicuna and Llama-2 ship; an EAGLE head in SafeAILab/EAGLE's layout) and placed in a Hugging Face
+hub cache, so the shipped configs' hub ids resolve exactly as on a user's machine, offline.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evaluation.errors import HarnessError
+from evaluation.models import ModelSpec, cpu_fallback, load_model
+from evaluation.paths import ROOT
+from methods import hub
+from methods.base import ConfigError
+from tests.checkpoints import hub_snapshot, save_eagle_head, save_model, sentencepiece_tokenizer
+
+
+def spec(checkpoint, **kw):
+    return ModelSpec(**{"name": "test", "checkpoint": str(checkpoint), "template": "vicuna_v1.1", "device": "cpu",
+                        **kw})
+
+
+def test_local_or_hub_is_decided_by_the_disk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert hub.locate("lmsys/vicuna-7b-v1.3", "model.checkpoint") == "lmsys/vicuna-7b-v1.3"
+    assert hub.locate("yuhuili/EAGLE-Vicuna-7B-v1.3", "method.head") == "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    (tmp_path / "lmsys" / "vicuna-7b-v1.3").mkdir(parents=True)  # a local copy under the same name wins
+    assert hub.locate("lmsys/vicuna-7b-v1.3", "model.checkpoint") == tmp_path / "lmsys" / "vicuna-7b-v1.3"
+    assert hub.locate("data/eagle/smollm2-135m", "method.head") == ROOT / "data/eagle/smollm2-135m"  # project-relative
+    for bad in ("/nowhere/vicuna", "./vicuna", "a/b/c", "vicuna"):
+        with pytest.raises(ConfigError, match=f"model.checkpoint={bad}: no such folder here, and not a hub id"):
+            hub.locate(bad, "model.checkpoint")
+
+
+def test_a_sentencepiece_only_checkpoint_loads(tmp_path):
+    """Vicuna's and Llama-2's tokenizers are a ``tokenizer.model`` only; transformers converts it, which needs
+    sentencepiece and protobuf (pinned in pyproject.toml)."""
+    model = save_model(tmp_path / "vicuna", "vicuna-7b")
+    loaded, tok, device = load_model(spec(tmp_path / "vicuna"))
+    assert type(tok).__name__ == "LlamaTokenizer" and tok("Hello world").input_ids[0] == 1  # BOS first
+    assert tok.decode(tok("What is the capital of France?").input_ids, skip_special_tokens=True) == \
+        "What is the capital of France?"
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_a_broken_checkpoint_names_its_cause_not_a_download(tmp_path):
+    save_model(tmp_path / "broken", "vicuna-7b")
+    (tmp_path / "broken" / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    with pytest.raises(HarnessError) as e:
+        load_model(spec(tmp_path / "broken"))
+    assert "cannot load model 'test'" in str(e.value) and "download" not in str(e.value).lower()
+
+
+def test_a_hub_id_loads_from_the_hub_cache_and_a_missing_one_says_download(tmp_path, hub_cache):
+    repo = "lmsys/vicuna-7b-v1.3"
+    with pytest.raises(HarnessError) as e:
+        load_model(spec(repo))
+    assert str(e.value).startswith(f"the checkpoint is not in the local cache: download {repo} or set "
+                                   f"model.checkpoint=PATH")
+    save_model(hub_snapshot(hub_cache, repo), "vicuna-7b")
+    model, tok, _ = load_model(spec(repo))
+    assert model.config.vocab_size == 32000
+
+
+def test_loads_straight_into_the_target_dtype_with_fp32_rotary(tmp_path):
+    save_model(tmp_path / "m", "llama-3-8b-instruct")
+    model, _, _ = load_model(spec(tmp_path / "m", dtype="bfloat16"))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+
+
+def test_a_model_that_cannot_fit_is_refused_before_any_weight_is_read(tmp_path):
+    """A 1.7T-parameter config and no weight file at all: refused from the config alone, naming the sizes."""
+    folder = tmp_path / "huge"
+    save_model(folder, "vicuna-7b")
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 32768, "intermediate_size": 131072,
+                                                    "num_attention_heads": 256, "num_key_value_heads": 256,
+                                                    "head_dim": 128, "num_hidden_layers": 128}))
+    with pytest.raises(HarnessError, match=r"model 'test' needs about \d+\.\d GiB on cpu in float32 .* GiB of "
+                                           r"weights .* but \d+\.\d GiB is free there: use a device with more memory"):
+        load_model(spec(folder))
+
+
+def test_device_auto_on_a_cpu_says_loudly_that_a_gpu_model_falls_back(tmp_path, capsys):
+    save_model(tmp_path / "m", "vicuna-7b")
+    load_model(spec(tmp_path / "m", device="auto", expects_gpu=True))
+    err = capsys.readouterr().err
+    assert "WARNING: model test is meant for a GPU, but no CUDA device is visible" in err
+    assert cpu_fallback(spec(tmp_path, device="auto", expects_gpu=False), torch.device("cpu")) is None
+
+
+def cli(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("model, repo", [("vicuna-7b", "lmsys/vicuna-7b-v1.3"),
+                                         ("llama-3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct")])
+def test_offline_first_run_fails_only_for_the_missing_download(model, repo, hub_cache, tmp_path):
+    p = cli("evaluation.run", f"model={model}", "method=eagle2", f"hydra.run.dir={tmp_path / 'run'}")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"error: the checkpoint is not in the local cache: download {repo} or set model.checkpoint=PATH (no network "
+        f"here: run `hf download {repo}` where there is one and bring the folder (or the hub cache, HF_HUB_CACHE))")
+    assert not (tmp_path / "run").exists()
+
+
+def test_vicuna_with_its_published_eagle_head_runs_end_to_end(hub_cache, tmp_path):
+    """`evaluation.run model=vicuna-7b method=eagle2` as a user with the hub cache filled runs it: the model and
+    the head resolve as hub ids, the Vicuna prompt and the device fall-back are recorded, tokens equal vanilla's."""
+    model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
+    common = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
+              "runtime.progress=false"]
+    p = cli("evaluation.run", *common, "method=eagle2", f"hydra.run.dir={tmp_path / 'eagle2'}")
+    assert p.returncode == 2 and "download yuhuili/EAGLE-Vicuna-7B-v1.3 or set method.head=PATH" in p.stderr
+    save_eagle_head(hub_snapshot(hub_cache, "yuhuili/EAGLE-Vicuna-7B-v1.3"), model.config)
+    for method in ("vanilla", "eagle2"):
+        p = cli("evaluation.run", *common, f"method={method}", f"hydra.run.dir={tmp_path / method}")
+        assert p.returncode == 0, p.stderr
+    assert "WARNING: model vicuna-7b is meant for a GPU" in p.stderr
+    summary = json.loads((tmp_path / "eagle2" / "summary.json").read_text())
+    assert summary["prompt"]["template"] == "fastchat vicuna_v1.1" and "Spec-Bench" in summary["prompt"]["source"]
+    assert "device_fallback" in summary and summary["method_state"]["head"] == "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "eagle2"))
+    assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout
