@@ -20,16 +20,16 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	$(PY) -m scripts.prepare
 
-# The main job: vanilla, Token Recycling, PLD and Lookahead on the smoke sample; each checked token by token
+# The main job: vanilla, Token Recycling, PLD and Lookahead on the smoke sample, decoded side by side in one
+# process (the order rotating per question, so that a busy machine slows all alike); each checked token by token
 # against vanilla; then the main table and the figures (results/reports/smoke/).
-# Run folders are named by their configuration, so a second `make run` resumes (here: reuses) them.
-SMOKE := results/runs/spec_bench_smoke/smollm2-135m
+SMOKE := results/bench/smoke
 METHODS := tr pld lookahead
 run: setup
-	$(PY) -m evaluation.run method=vanilla
-	for m in $(METHODS); do $(PY) -m evaluation.run method=$$m || exit 1; done
-	for m in $(METHODS); do $(PY) -m evaluation.equal $(SMOKE)/vanilla/default $(SMOKE)/$$m/default || exit 1; done
-	$(PY) -m evaluation.report $(foreach m,vanilla $(METHODS),$(SMOKE)/$(m)/default) --out results/reports/smoke
+	$(PY) -m scripts.bench_methods "method=vanilla" $(foreach m,$(METHODS),"method=$(m)") --bench spec_bench_smoke \
+		--warmup 3 --out $(SMOKE)
+	for m in $(METHODS); do $(PY) -m evaluation.equal $(SMOKE)/vanilla $(SMOKE)/$$m || exit 1; done
+	$(PY) -m evaluation.report $(SMOKE) --out results/reports/smoke
 
 test: setup
 	$(PY) -m pytest -q

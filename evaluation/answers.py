@@ -12,7 +12,11 @@ Each line is one question::
                   "accept_lengths": [1, 3, 2, ...],                    # Spec-Bench: tokens per step, all turns
                   "token_ids": [[...], [...]],                         # ours: generated ids per turn
                   "prefill_time": [0.05, 0.07], "decode_time": [2.86, 2.68],
-                  "stop": ["length", "eos"]}]}
+                  "stop": ["length", "eos"],
+                  "prefill_step": [true, true],                        # ours: the turn's first step is the
+                                                                       # prefill's one token
+                  "spec_bench_steps": [39, 36]}]}                      # ours: steps as Spec-Bench counts them
+                                                                       # (evaluation/metrics.py)
 """
 from __future__ import annotations
 
@@ -50,6 +54,24 @@ def _check(obj, where: str) -> dict:
     if missing:
         raise HarnessError(f"{where}: not a Spec-Bench answer record: choices[0] lacks {', '.join(missing)}")
     return obj
+
+
+def read_summary(path: str | Path) -> dict:
+    """The run summary beside an answer file (``{}`` for a file without one, e.g. Spec-Bench's own)."""
+    p = answer_file(path)
+    f = p.parent / SUMMARY
+    return json.loads(f.read_text()) if p.name == ANSWERS and f.is_file() else {}
+
+
+def separate_runs_note(summaries: list[dict]) -> str | None:
+    """None when every run was decoded side by side in one process (``scripts.bench_methods`` gives them one
+    ``session``); else the warning that a speed table of separately made runs needs."""
+    sessions = {s.get("session") for s in summaries}
+    if len(sessions) == 1 and None not in sessions:
+        return None
+    return ("note: these runs were made at different times, in separate processes; their speedups include whatever "
+            "else the machine did meanwhile. Decode the methods side by side (python -m scripts.bench_methods) for "
+            "speedups a paper can use")
 
 
 def read_answers(path: str | Path) -> list[dict]:

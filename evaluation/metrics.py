@@ -4,9 +4,19 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 ``accept_lengths`` per question). Conventions:
 
 * **accept length** of a step = tokens it committed, the bonus token included
-  (vanilla: always 1). The prefill counts as one step of length 1.
+  (vanilla: always 1). A prefill that yields the first token counts as one step of
+  length 1 (``prefill_step``; the reference prefills of Token Recycling and Lookahead,
+  which the loop follows for them, yield none).
 * **MAT** (mean accepted tokens) = mean of all accept lengths of a task
-  = total new tokens / total steps. Spec-Bench defines it the same way.
+  = total new tokens / total steps: every target forward is a step.
+* **MAT (Spec-Bench)** = the same tokens over the steps Spec-Bench's scripts count
+  (``spec_bench_steps`` per turn, written by the runner): their drafting methods (PLD,
+  EAGLE, TR) verify the first drafts in the prompt's own forward, so its first token
+  belongs to their first step, and a turn whose first step was our prefill's one token
+  has one step fewer there. Vanilla (Spec-Bench's baseline: ``generate``, a step per
+  token) is 1 in both. Worked example: a turn of accept lengths ``[1, 3, 2]`` (prefill,
+  two steps) has MAT 2.0 ours, 3.0 Spec-Bench's. A file without the field counts its
+  accept lengths as they are (Spec-Bench's own files are in its convention already).
 * **tokens/s** of a task = total new tokens / total wall time over its questions
   (wall time includes the prefill).
 * **speedup** = tokens/s of the method / tokens/s of the baseline, over the
@@ -35,12 +45,14 @@ def per_question(records: list[dict]) -> pd.DataFrame:
     rows = []
     for r in records:
         c = r["choices"][0]
+        steps = len(c["accept_lengths"])
         rows.append({
             "question_id": r["question_id"],
             "task": task_of(r.get("category", "")),
             "new_tokens": sum(c["new_tokens"]),
             "wall_time": sum(c["wall_time"]),
-            "steps": len(c["accept_lengths"]),
+            "steps": steps,
+            "steps_specbench": sum(c.get("spec_bench_steps", [steps])),
             "accepted": sum(c["accept_lengths"]),
         })
     df = pd.DataFrame(rows).set_index("question_id")
@@ -52,6 +64,7 @@ def _aggregate(q: pd.DataFrame) -> dict:
     return {
         "questions": len(q),
         "mat": q["accepted"].sum() / q["steps"].sum(),
+        "mat_specbench": q["accepted"].sum() / q["steps_specbench"].sum(),
         "tok_per_s": q["new_tokens"].sum() / q["wall_time"].sum(),
         "mean_q_tok_per_s": q["tok_per_s"].mean(),
     }
@@ -94,7 +107,7 @@ def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = No
     for i, recs in enumerate(runs):
         if baselines:
             paired = [task_table(recs, b) for b in baselines]
-            t = paired[0][["questions", "mat", "tok_per_s", "mean_q_tok_per_s"]].copy()
+            t = paired[0][["questions", "mat", "mat_specbench", "tok_per_s", "mean_q_tok_per_s"]].copy()
             base = sum(p["baseline_tok_per_s"] for p in paired) / len(paired)
             base_q = sum(p["baseline_mean_q_tok_per_s"] for p in paired) / len(paired)
             t["speedup"] = t["tok_per_s"] / base
@@ -104,7 +117,7 @@ def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = No
         tables.append(t.assign(repeat=i))
     long = pd.concat(tables).reset_index()
     order = list(dict.fromkeys(long["task"]))
-    metrics = [c for c in ("mat", "tok_per_s", "speedup", "speedup_specbench") if c in long]
+    metrics = [c for c in ("mat", "mat_specbench", "tok_per_s", "speedup", "speedup_specbench") if c in long]
     g = long.groupby("task", sort=False)
     out = g[metrics].mean()
     for c in metrics:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.answers import ANSWERS, SUMMARY, read_answers
+from evaluation.answers import ANSWERS, SUMMARY, read_answers, separate_runs_note
 from evaluation.data import TASKS
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.metrics import OVERALL, accept_histogram, repeat_table
@@ -262,7 +262,8 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
             row[task] = t.loc[task, "speedup"]
             row[task + "_std"] = t.loc[task, "speedup_std"]
         o = t.loc[OVERALL]
-        row.update(mat=o["mat"], mat_std=o["mat_std"], tok_per_s=o["tok_per_s"], tok_per_s_std=o["tok_per_s_std"],
+        row.update(mat=o["mat"], mat_std=o["mat_std"], mat_specbench=o["mat_specbench"],
+                   mat_specbench_std=o["mat_specbench_std"], tok_per_s=o["tok_per_s"], tok_per_s_std=o["tok_per_s_std"],
                    speedup=o["speedup"], speedup_std=o["speedup_std"], questions=int(o["questions"]))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -270,12 +271,14 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
 
 def _display(table: pd.DataFrame, pm: str) -> tuple[list[str], list[list[str]]]:
     tasks = [c for c in table.columns if c in TASK_NAMES and c != OVERALL]
-    header = ["Model", "Method"] + [TASK_NAMES[t] for t in tasks] + ["MAT", "Tokens/s", "Speedup"]
+    header = ["Model", "Method"] + [TASK_NAMES[t] for t in tasks] + ["MAT", "MAT (Spec-Bench)", "Tokens/s",
+                                                                      "Speedup"]
     body = []
     for _, r in table.iterrows():
         body.append([str(r["model"]), str(r["method"])]
                     + [_cell(r[t], r[t + "_std"], 2, pm) + "×" for t in tasks]
-                    + [_cell(r["mat"], r["mat_std"], 2, pm), _cell(r["tok_per_s"], r["tok_per_s_std"], 2, pm),
+                    + [_cell(r["mat"], r["mat_std"], 2, pm), _cell(r["mat_specbench"], r["mat_specbench_std"], 2, pm),
+                       _cell(r["tok_per_s"], r["tok_per_s_std"], 2, pm),
                        _cell(r["speedup"], r["speedup_std"], 2, pm) + "×"])
     return header, body
 
@@ -297,7 +300,7 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
     """A booktabs table; the best speedup of each column within a model is bold (baselines excluded)."""
     header, body = _display(table, " ± ")
     tasks = [c for c in table.columns if c in TASK_NAMES and c != OVERALL]
-    columns = tasks + ["mat", "tok_per_s", "speedup"]
+    columns = tasks + ["mat", "mat_specbench", "tok_per_s", "speedup"]
     bold = set()
     for model, t in table.groupby("model", sort=False):
         methods = t[~t["baseline"]]
@@ -336,6 +339,11 @@ def environment_line(groups: list[Group]) -> str:
             if line not in seen:
                 seen.append(line)
     return ("mixed environments: " if len(seen) > 1 else "") + " | ".join(seen)
+
+
+def timing_note(groups: list[Group]) -> str | None:
+    """The warning a table of runs not decoded side by side needs (``answers.separate_runs_note``), or None."""
+    return separate_runs_note([run.summary for g in groups for run in g.runs + g.baseline])
 
 
 def bench_line(groups: list[Group]) -> str:
@@ -526,13 +534,15 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
     out.mkdir(parents=True, exist_ok=True)
     caption = f"Speedup over vanilla greedy decoding per Spec-Bench task, mean accepted tokens (MAT) and " \
               f"tokens/s ({bench_line(groups)}; {env})."
-    written = {"main_table.md": to_markdown(table) + "\n", "main_table.tex": to_latex(table, caption) + "\n"}
+    note = timing_note(groups)
+    written = {"main_table.md": to_markdown(table) + "\n" + (f"\n{note}\n" if note else ""),
+               "main_table.tex": to_latex(table, caption) + "\n" + (f"% {note}\n" if note else "")}
     for name, text in written.items():
         (out / name).write_text(text)
     table.to_csv(out / "main_table.csv", index=False)
     stats.to_csv(out / "tasks.csv", index=False)
     (out / "environment.json").write_text(json.dumps({
-        "environment": env, "bench": bench_line(groups),
+        "environment": env, "bench": bench_line(groups), "side_by_side": note is None,
         "runs": [{"model": g.model, "method": g.label, "runs": [str(r.path) for r in g.runs],
                   "baseline": [str(b.path) for b in g.baseline],
                   "environment": [r.summary.get("environment") for r in g.runs]} for g in groups]}, indent=2) + "\n")
@@ -557,6 +567,9 @@ def main(argv=None) -> int:
     result = report(args.runs, out, args.baseline, figures=not args.no_figures)
     print(to_markdown(result["table"]))
     print(f"\n{bench_line(result['groups'])}; {environment_line(result['groups'])}")
+    note = timing_note(result["groups"])
+    if note:
+        print(note)
     print("-> " + ", ".join(str(f.relative_to(out)) for f in result["files"]) + f" in {out}")
     return 0
 

@@ -122,6 +122,11 @@ class Runner:
         return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
                         turn=turn, timer=self.timer)
 
+    def _folded(self, gen: Generation) -> int:
+        """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.metrics``): its drafting
+        references verify their first drafts in the prompt's own forward, so our prefill step joins the next."""
+        return int(self.proposer.drafts and gen.prefill_step and len(gen.accept_lengths) > 1)
+
     def answer(self, q: Question) -> dict:
         answers, turns = [], []
         for i in range(len(q.turns)):
@@ -153,6 +158,8 @@ class Runner:
                 "prefill_time": [g.prefill_time for g in turns],
                 "decode_time": [g.decode_time for g in turns],
                 "stop": [g.stop for g in turns],
+                "prefill_step": [g.prefill_step for g in turns],
+                "spec_bench_steps": [len(g.accept_lengths) - self._folded(g) for g in turns],
             }],
             "tstamp": time.time(),
         }

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.answers import answer_file, read_answers
+from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.metrics import task_table
 
 COLUMNS = {
-    "questions": "questions", "mat": "MAT", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
+    "questions": "questions", "mat": "MAT", "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
     "speedup": "speedup", "mean_q_tok_per_s": "mean per-question tokens/s",
     "baseline_mean_q_tok_per_s": "baseline mean per-question tokens/s",
     "speedup_specbench": "speedup (Spec-Bench)",
@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else answer_file(args.runs[0]).parent
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(table)
+    note = separate_runs_note([read_summary(p) for p in args.runs + ([args.baseline] if args.baseline else [])])
+    md += f"\n\n{note}" if note else ""
     table.to_csv(out / "speed.csv", index=False)
     (out / "speed.md").write_text(md + "\n")
     print(md)

@@ -46,12 +46,14 @@ def sweep_table(root: Path, baseline: str | None) -> pd.DataFrame:
         overall = task_table(read_answers(run), base).loc[OVERALL]
         row = {"run": str(run.relative_to(root)) or ".", "method": summary.get("method", "?")}
         row.update({c: state[c] for c in STATE_COLUMNS if c in state})
-        row.update(questions=int(overall["questions"]), MAT=overall["mat"], **{"tokens/s": overall["tok_per_s"]})
+        row.update(questions=int(overall["questions"]), MAT=overall["mat"],
+                   **{"MAT (Spec-Bench)": overall["mat_specbench"], "tokens/s": overall["tok_per_s"]})
         if base is not None:
             row["speedup"] = overall["speedup"]
         rows.append(row)
     state = [c for c in STATE_COLUMNS if any(c in r for r in rows)]
-    columns = ["run", "method", *state, "questions", "MAT", "tokens/s"] + (["speedup"] if base is not None else [])
+    columns = ["run", "method", *state, "questions", "MAT", "MAT (Spec-Bench)", "tokens/s"] + (
+        ["speedup"] if base is not None else [])
     return pd.DataFrame([{c: r.get(c, "") for c in columns} for r in rows], columns=columns)
 
 

@@ -41,6 +41,8 @@ class Proposer:
     * ``reset(prompt_ids, turn, prompt_logits, prompt_hidden)`` after the prefill of
       every request (``turn`` counts from 0 within a question); methods that keep state
       across requests (Token Recycling's hot start) decide here what to keep.
+      ``prompt_ids`` are the tokens the prefill forwarded: the prompt, or the prompt but
+      its last token for a proposer that sets ``drafts_first`` (``methods.decode``).
       ``prompt_logits`` ([prompt_len, vocab]) is given only to methods that set
       ``wants_prompt_logits``: the other prefills compute the last position only.
       ``prompt_hidden`` ([prompt_len, hidden], the target's last hidden states, what its
@@ -55,6 +57,8 @@ class Proposer:
     wants_prompt_logits: ClassVar[bool] = False
     wants_hidden: ClassVar[bool] = False
     needs_target: ClassVar[bool] = False  # build() gets the target model (EAGLE shares its embeddings, lm_head)
+    drafts_first: bool = False  # the prefill leaves out the prompt's last token, which roots the first draft
+    drafts: ClassVar[bool] = True  # False: never drafts (vanilla), for the step-counting conventions of metrics
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,

@@ -7,6 +7,11 @@ accepted drafts plus the bonus token. Generation ends after the first stop token
 reached; tokens past either end are dropped from the step that produced them.
 So ``sum(accept_lengths) == len(token_ids)`` and ``len(accept_lengths)`` is the
 number of target forwards, for every method.
+
+A proposer that sets ``drafts_first`` (Token Recycling and Lookahead, whose reference
+code prefills the prompt but its last token) gets a prefill of the prompt without its last
+token, which yields no token and is no step; the first step is then an ordinary
+proposal rooted at the prompt's last token (``Generation.prefill_step`` is False).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ class Generation:
     prefill_time: float  # seconds
     decode_time: float  # seconds, after the prefill
     stop: str  # "eos" or "length"
+    prefill_step: bool = True  # accept_lengths[0] is the prefill's one token (False: drafts_first)
 
     @property
     def wall_time(self) -> float:
@@ -88,10 +94,13 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
     sync(device)
     t0 = time.perf_counter()
     # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
+    #    (drafts_first: the prompt but its last token, which roots the first draft.)
     full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
-    logits, states = engine.forward(ids[:n_prompt], last_only=not full, hidden=hidden)
-    proposer.reset(ids[:n_prompt], turn, logits if full else None, states)
-    done = commit([int(logits[-1].argmax())])
+    first_step = proposer.drafts_first and n_prompt > 1
+    prefill = n_prompt - 1 if first_step else n_prompt
+    logits, states = engine.forward(ids[:prefill], last_only=not full, hidden=hidden)
+    proposer.reset(ids[:prefill], turn, logits if full else None, states)
+    done = False if first_step else commit([int(logits[-1].argmax())])
     sync(device)
     t1 = time.perf_counter()
     while not done:
@@ -107,4 +116,5 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
         done = commit(result.new_tokens)
     sync(device)
     t2 = time.perf_counter()
-    return Generation(new, accept_lengths, t1 - t0, t2 - t1, "eos" if new[-1] in stop_ids else "length")
+    return Generation(new, accept_lengths, t1 - t0, t2 - t1, "eos" if new[-1] in stop_ids else "length",
+                      prefill_step=not first_step)

@@ -1,30 +1,50 @@
 """Lookahead decoding (Fu et al., arXiv 2402.02057): Jacobi iterations in a window, n-grams from their trajectory.
 
-Parameters: ``level`` N (n-gram size), ``window`` W, ``guess`` G. State (per request):
+Parameters: ``level`` N (n-gram size), ``window`` W, ``guess`` G. Follows the code behind
+Spec-Bench's Lookahead numbers: ``jacobi_greedy_search_multilevel`` in Spec-Bench's
+``model/lade/decoding.py`` and the window's attention mask, ``j_make_causal_mask_multilevel``
+and ``jforward_multilevel`` in ``model/lade/models/llama.py`` (commit fd2c1cd; the same as
+hao-ai-lab/LookaheadDecoding's ``lade/``). State, per request:
 
-* the **window**, N-1 rows of W tokens, a Jacobi trajectory: row ``l`` column ``j``
-  guesses the token ``j + 1 + l`` places after the root;
+* the **window**: level 0, W-1 tokens, and levels 1..N-2, W tokens each, a Jacobi
+  trajectory; column 0 of levels 1..N-2 guesses the tokens right after the root,
+  column ``j >= 1`` those after level 0's token ``j - 1``;
 * the **pool**: n-grams keyed by their first token, at most G per key, newest last.
 
 Every step forwards, in one tree through the shared verifier:
 
-* the **verification branch**: the root, then each of the (at most G) pooled n-grams
-  whose first token is the root, as a chain of its N-1 other tokens;
-* the **lookahead branch**: row 0 as a chain under the root, and under row 0's token
-  ``j`` the chain of rows 1..N-2 at column ``j``. So the token at row ``l``, column
-  ``j`` sits at position ``root + j + 1 + l`` and sees row 0 up to column ``j`` and
-  the rows above it in its column: the causal context of the sequence it guesses.
+* the **verification branch**: the root, then each pooled n-gram whose first token is
+  the root (at most G), as a chain of its N-1 other tokens;
+* the **lookahead branch**: level 0 as a chain under the root; column 0 of levels
+  1..N-2 as a chain under the root; column ``j >= 1`` as a chain under level 0's token
+  ``j - 1``. A level-``l`` token of column ``j`` thus sits at position ``root + j + l``
+  and sees the root, level 0 up to its column and the levels above it in its column.
   These nodes are never accepted (``Draft.acceptable``), only forwarded.
 
-After the step the target's greedy tokens at the last row's nodes form the next row
-(a Jacobi iteration). Once the window holds N-1 rows, column ``j`` yields the n-gram
-``row0[j], row1[j], ..., row_{N-2}[j], new[j]`` for the pool, and the oldest row is
-dropped. The window starts as row 0 only, W tokens drawn from the prompt (a fixed
-seed: runs are reproducible), and grows one row per step.
+After the step the target's greedy tokens at the last level form the next level (a
+Jacobi iteration). With the window full, column 0 yields the n-gram ``root, level1[0],
+.., level{N-2}[0], new[0]`` and column ``j >= 1`` the n-gram ``level0[j-1], level1[j],
+.., new[j]`` for the pool; then level 0 becomes level 1 without its column 0, each
+level the next, and the last level the new tokens.
 
-Worked example, N=3, W=2, rows ``[[a, b], [c, d]]``, greedy tokens at the last row
-``[e, f]``: the pool gains ``a -> (c, e)`` and ``b -> (d, f)``; the rows become
-``[[c, d], [e, f]]``.
+The window starts with the prefill, as in the reference: the prefill covers the prompt
+but its last token (``drafts_first``), and the first step forwards, under the prompt's
+last token, a chain of W+N-3 tokens drawn from the prompt; each step of the filling
+phase drops every level's first token and adds the new level without its first. So the
+first step commits one token, like the reference's prefill, and the window is full after
+N-2 more steps.
+
+Tokens per step: the reference stops its verification at N-2 matched tokens, so it
+commits at most N-1 per step; here a fully matched n-gram also commits the bonus token
+(N at most), a deliberate improvement that changes no output token.
+``reference_bonus=true`` reproduces the reference (the last token of every pooled n-gram
+is forwarded but never accepted), for a MAT comparable with the published one.
+Where we differ: the window's seeds come from a generator with a fixed seed (the
+reference draws them with Python's unseeded ``random``), so runs are reproducible.
+
+Worked example, N=3, W=2, window full: level 0 ``[a]``, level 1 ``[c, d]``, greedy
+tokens at level 1 ``[e, f]``, root ``r``: the pool gains ``r -> (c, e)`` and ``a -> (d, f)``;
+the window becomes level 0 ``[d]``, level 1 ``[e, f]``.
 """
 from __future__ import annotations
 
@@ -37,88 +57,128 @@ from methods.tree import Tree
 
 
 @lru_cache(maxsize=512)
-def layout(level: int, window: int, rows: int, candidates: int):
-    """The step's tree for ``candidates`` verification chains and a window of ``rows`` rows.
+def layout(sizes: tuple[int, ...], candidates: int, chain: int, reference_bonus: bool = False):
+    """The step's tree for a window of levels of ``sizes`` (level 0 first) and ``candidates`` pooled n-grams
+    of ``chain`` tokens each.
 
-    Returns (tree, order, acceptable, last_row): ``order[i]`` is the construction index
-    of tree node ``i`` (construction: root, the candidates' chains one after the other,
-    row 0, then column by column the rows below it); ``last_row[j]`` is the tree index
-    of the window's last-row node in column ``j``.
+    Returns (tree, order, acceptable, last): ``order[i]`` is the construction index of tree node
+    ``i`` (construction: root, the candidates' chains one after the other, level 0's chain, then
+    column by column levels 1.. of the window); ``last[j]`` is the tree index of the last level's
+    node in column ``j`` (level 0's nodes while the window has one level).
     """
     parents = [-1]
+    acceptable = [True]
     for _ in range(candidates):
-        parents += [0] + [len(parents) + i for i in range(level - 2)]
+        parents += [0] + [len(parents) + i for i in range(chain - 1)]
+        acceptable += [True] * (chain - 1) + [not reference_bonus]
     row0 = len(parents)
-    parents += [0] + [row0 + j for j in range(window - 1)]
-    last = [row0 + j for j in range(window)]
-    for j in range(window):
-        for r in range(1, rows):
-            parents.append(last[j])
-            last[j] = len(parents) - 1
+    parents += [0] + [row0 + j for j in range(sizes[0] - 1)]
+    last = list(range(row0, row0 + sizes[0]))
+    if len(sizes) > 1:
+        last = []
+        for j in range(sizes[1]):  # column j hangs under the root (j = 0) or under level 0's token j - 1
+            parent = 0 if j == 0 else row0 + j - 1
+            for _ in sizes[1:]:
+                parents.append(parent)
+                parent = len(parents) - 1
+            last.append(parent)
+    acceptable += [False] * (len(parents) - len(acceptable))
     tree, order = Tree.breadth_first(parents)
     position = {old: new for new, old in enumerate(order)}
-    acceptable = torch.tensor([old < row0 for old in order])
-    return tree, order, acceptable, [position[i] for i in last]
+    return tree, order, torch.tensor([acceptable[old] for old in order]), [position[i] for i in last]
 
 
 @register
 class Lookahead(Proposer):
     name = "lookahead"
+    drafts_first = True  # the first window goes with the prefill (the prompt's last token roots it)
 
-    def __init__(self, level: int, window: int, guess: int, device: torch.device):
+    def __init__(self, level: int, window: int, guess: int, reference_bonus: bool, device: torch.device):
         self.level, self.window, self.guess, self.device = level, window, guess, device
-        self.rows: list[list[int]] = []
+        self.reference_bonus = reference_bonus
+        self.levels: list[list[int]] | None = None  # level 0 first; None: seeded at the first proposal
         self.pool: dict[int, list[tuple[int, ...]]] = {}
 
     @classmethod
     def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "Lookahead":
         params = dict(params)
         values = {"level": params.pop("level", 5), "window": params.pop("window", 7), "guess": params.pop("guess", 7)}
+        bonus = params.pop("reference_bonus", False)
         if params:
             raise ConfigError(f"method 'lookahead' has no parameter(s) {', '.join(sorted(params))}; "
-                              f"known: level, window, guess")
-        lowest = {"level": 2, "window": 1, "guess": 0}
+                              f"known: level, window, guess, reference_bonus")
+        lowest = {"level": 3, "window": 2, "guess": 0}
         for key, value in values.items():
             if not isinstance(value, int) or isinstance(value, bool) or not lowest[key] <= value <= 64:
                 raise ConfigError(f"method.{key} must be an integer from {lowest[key]} to 64, got {value!r}")
-        return cls(values["level"], values["window"], values["guess"], device)
+        if bonus not in (True, False):
+            raise ConfigError(f"method.reference_bonus must be true or false, got {bonus!r}")
+        return cls(values["level"], values["window"], values["guess"], bonus, device)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
-        gen = torch.Generator().manual_seed(0)
-        picks = torch.randint(len(prompt_ids), (self.window,), generator=gen)
-        self.rows = [prompt_ids.cpu()[picks].tolist()]
+        self.levels = None
         self.pool = {}
 
+    def _seed(self, prompt: torch.Tensor) -> list[int]:
+        """W+N-3 tokens drawn from the prompt (the reference's ``copy_from``), with a fixed seed."""
+        gen = torch.Generator().manual_seed(0)
+        picks = torch.randint(len(prompt), (self.window + self.level - 3,), generator=gen)
+        return prompt.cpu()[picks].tolist()
+
+    @property
+    def full(self) -> bool:
+        return len(self.levels) == self.level - 1
+
     def propose(self, context: torch.Tensor) -> Draft:
+        if self.levels is None:
+            self.levels = [self._seed(context)]
         root = int(context[-1])
-        candidates = self.pool.get(root, [])[-self.guess:] if self.guess else []
-        tree, order, acceptable, self._last_row = layout(self.level, self.window, len(self.rows), len(candidates))
-        built = [root] + [t for c in candidates for t in c] + self.rows[0]
-        for j in range(self.window):
-            built += [row[j] for row in self.rows[1:]]
+        candidates = self.pool.get(root, [])[-self.guess:] if self.guess and self.full else []
+        sizes = tuple(len(x) for x in self.levels)
+        tree, order, acceptable, self._last = layout(sizes, len(candidates), self.level - 1, self.reference_bonus)
+        built = [root] + [t for c in candidates for t in c] + self.levels[0]
+        if len(sizes) > 1:
+            for j in range(sizes[1]):
+                built += [lv[j] for lv in self.levels[1:]]
         tokens = torch.tensor([built[i] for i in order], device=self.device)
         return Draft(tokens, tree.to(self.device), acceptable.to(self.device))
 
     def update(self, draft: Draft, result: Verification) -> None:
-        new = result.argmax[self._last_row].tolist()
-        if len(self.rows) == self.level - 1:
-            for j in range(self.window):
-                self._add(self.rows[0][j], tuple(row[j] for row in self.rows[1:]) + (new[j],))
-            self.rows = self.rows[1:]
-        self.rows.append(new)
+        new = result.argmax[self._last].tolist()
+        levels = self.levels
+        if len(levels) == 1:  # the first step: level 1 is the greedy tokens after every level-0 token
+            self.levels = [levels[0][1:], new]
+        elif not self.full:  # filling: every level loses its first token, the new level its own first
+            self.levels = [lv[1:] for lv in levels] + [new[1:]]
+        else:
+            root = int(draft.tokens[0])
+            self._add(root, tuple(lv[0] for lv in levels[1:]) + (new[0],))
+            for j in range(1, len(new)):
+                self._add(levels[0][j - 1], tuple(lv[j] for lv in levels[1:]) + (new[j],))
+            self.levels = [levels[1][1:]] + levels[2:] + [new]
 
     def _add(self, first: int, rest: tuple[int, ...]) -> None:
+        """Pool ``rest`` under ``first``: the newest last, at most G per key (the oldest dropped), as the
+        reference's least-recently-used ``token_map``."""
+        if not self.guess:
+            return
         entries = self.pool.setdefault(first, [])
         if rest in entries:
             entries.remove(rest)
         entries.append(rest)
-        if len(entries) > max(self.guess, 1):
+        if len(entries) > self.guess:
             del entries[0]
 
     def step_sizes(self) -> list[int]:
-        return sorted({layout(self.level, self.window, rows, c)[0].size
-                       for rows in range(1, self.level) for c in range(self.guess + 1)})
+        n, w = self.level, self.window
+        sizes = set()
+        for fill in range(n - 1):  # the window's levels 0..fill, as it fills and then stays full
+            shape = (w + n - 3 - fill,) + (w + n - 2 - fill,) * fill
+            for c in range(self.guess + 1 if fill == n - 2 else 1):
+                sizes.add(layout(shape, c, n - 1, self.reference_bonus)[0].size)
+        return sorted(sizes)
 
     def summary(self) -> dict:
-        return {"level": self.level, "window": self.window, "guess": self.guess}
+        return {"level": self.level, "window": self.window, "guess": self.guess,
+                "reference_bonus": self.reference_bonus}

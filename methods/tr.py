@@ -21,6 +21,14 @@ Start policies (``start``): ``hot`` (the paper: M carries over warm-up, turns
 and questions), ``cold`` (M zeroed at every question) and ``prompt`` (zeroed at
 every question, then every turn's prompt seeds the rows of its tokens from the
 prefill logits, in prompt order, later positions winning).
+
+Following the reference code (Luowaterbi/TokenRecycling, ``evaluation/inference_recycling.py``,
+``recycling_forward``): the prefill covers the prompt but its last token, so the first step
+is a full tree rooted at the prompt's last token, which can accept several tokens and
+writes every node's row (``first_step=tree``, via the loop's ``drafts_first``);
+``first_step=prefill`` lets the prefill yield the first token instead. Where we differ: the
+reference skips the update of the step that ends generation (its loop breaks first); ours
+writes it, which changes nothing within a request.
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from methods.base import ConfigError, Draft, Proposer, Verification, register
 from methods.tree import Tree, TreeError, load_template
 
 STARTS = ("hot", "cold", "prompt")
+FIRST_STEPS = ("tree", "prefill")
 AUTO = "auto"  # method.tree=auto: the tree chosen for this engine and device (methods.autotree)
 
 
@@ -64,8 +73,11 @@ def fit_tree(tree: Tree, k: int) -> Tree:
 class TokenRecycling(Proposer):
     name = "tr"
 
-    def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device):
+    def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device,
+                 first_step: str = "tree"):
         self.k, self.start, self.tree_name, self.device = k, start, tree_name, device
+        self.first_step = first_step
+        self.drafts_first = first_step == "tree"  # the reference's prefill: the prompt but its last token
         self.topk = k  # the verifier hands back every node's top-K: the update needs nothing else
         self.wants_prompt_logits = start == "prompt"
         # int16 holds ids below 32768 (Llama-2/Vicuna's 32000); larger vocabularies take int32.
@@ -101,15 +113,18 @@ class TokenRecycling(Proposer):
         tree_name = params.pop("tree", "paper")
         start = params.pop("start", "hot")
         fit = params.pop("fit_tree_to_k", False)
+        first_step = params.pop("first_step", "tree")
         if params:
             raise ConfigError(f"method 'tr' has no parameter(s) {', '.join(sorted(params))}; "
-                              f"known: k, tree, start, fit_tree_to_k")
+                              f"known: k, tree, start, fit_tree_to_k, first_step")
+        if first_step not in FIRST_STEPS:
+            raise ConfigError(f"method.first_step must be one of {', '.join(FIRST_STEPS)}, got {first_step!r}")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(vocab_size, 1024):
             raise ConfigError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
         if start not in STARTS:
             raise ConfigError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")
         if tree_name == AUTO:  # a plain step until evaluation.calibrate sets the chosen tree
-            return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device)
+            return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device, first_step)
         tree = load_template(str(tree_name))
         if fit:
             tree = fit_tree(tree, k)
@@ -119,7 +134,7 @@ class TokenRecycling(Proposer):
                             f"(got {k}); raise method.k, or set method.fit_tree_to_k=true to clip the tree")
         if tree.size < 2:
             raise TreeError(f"tree '{tree_name}' has no draft nodes; TR needs at least one")
-        return cls(vocab_size, k, tree, str(tree_name), start, device)
+        return cls(vocab_size, k, tree, str(tree_name), start, device, first_step)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
@@ -176,7 +191,7 @@ class TokenRecycling(Proposer):
     def summary(self) -> dict:
         return {
             "k": self.k, "tree": self.tree_name, "tree_nodes": self.tree.size, "tree_depth": self.tree.max_depth,
-            "start": self.start, "adjacency_shape": list(self.M.shape), "adjacency_dtype": str(self.M.dtype),
+            "start": self.start, "first_step": self.first_step, "adjacency_shape": list(self.M.shape), "adjacency_dtype": str(self.M.dtype),
             "adjacency_bytes": self.M.numel() * self.M.element_size(),
             "adjacency_rows_filled": int((self.M != 0).any(dim=1).sum()),
             "tree_parents": list(self.tree.parents),

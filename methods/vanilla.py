@@ -10,6 +10,7 @@ from methods.tree import Tree
 @register
 class Vanilla(Proposer):
     name = "vanilla"
+    drafts = False
 
     def __init__(self, device: torch.device):
         self.tree = Tree.chain(1).to(device)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -55,7 +57,7 @@ class GenerateRunner(Runner):
 
 
 @exit_on_error
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("methods", nargs="+", help='each one method as overrides, e.g. "method=tr method.k=4"')
     ap.add_argument("--bench", default="spec_bench_sample", help="bench config, plus any bench.* overrides")
@@ -94,6 +96,7 @@ def main(argv=None) -> None:
             rec["method"] = label
             records[label].append(rec)
     out = Path(args.out)
+    session = uuid.uuid4().hex
     env = environment(loaded[2], next(loaded[0].parameters()).dtype)  # one process: one environment
     for label, recs in records.items():
         (out / label).mkdir(parents=True, exist_ok=True)
@@ -103,12 +106,16 @@ def main(argv=None) -> None:
             "status": "finished", "model": r.spec.name, "method": GENERATE if label == GENERATE else r.method,
             "bench": b.name,
             "questions": len(questions), "side_by_side": labels + ([GENERATE] if args.generate else []),
+            "session": session,  # one process: evaluation.report knows these runs were timed side by side
             "config": OmegaConf.to_container(run_cfgs[label], resolve=True),
             "environment": env,
             "method_state": r.proposer.summary()})
+    unequal = []
     for label in records:
         _, total, mismatches, _ = compare(records[labels[0]], records[label])
         print(f"{label}: {total - len(mismatches)}/{total} turns token-identical to {labels[0]}")
+        if mismatches:
+            unequal.append(label)
     print(f"\n{len(questions)} questions, {b.max_new_tokens} new tokens, {loaded[2]}, "
           f"{torch.get_num_threads()} threads; speedup against {labels[0]}:")
     table = speed_table([str(out / label) for label in records], str(out / labels[0]))
@@ -126,6 +133,11 @@ def main(argv=None) -> None:
         print(markdown(split, digits=2))
         split.to_csv(out / "phases.csv", index=False)
     print(f"-> {out}")
+    if unequal:
+        print(f"NOT LOSSLESS: {', '.join(unequal)} differ from {labels[0]} (python -m evaluation.equal "
+              f"{out / labels[0]} {out / unequal[0]} says where and why)")
+        return 1
+    return 0
 
 
 def phase_table(runners: dict, records: dict):
@@ -136,7 +148,8 @@ def phase_table(runners: dict, records: dict):
     for label, r in runners.items():
         if not isinstance(r.timer, PhaseTimer):
             continue
-        steps = sum(d - 1 for rec in records[label] for d in rec["choices"][0]["decoding_steps"])
+        steps = sum(d - p for rec in records[label]
+                    for d, p in zip(rec["choices"][0]["decoding_steps"], rec["choices"][0]["prefill_step"]))
         total = sum(r.timer.seconds.values())
         row = {"method": label, "steps": steps}
         for phase in PHASES:
@@ -148,4 +161,4 @@ def phase_table(runners: dict, records: dict):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,4 +21,5 @@ def test_side_by_side_with_generate_and_phases(tmp_path, capsys):
     assert (phases["forward_ms"] > 0).all() and (phases["steps"] == [22, 22, phases.loc["tr", "steps"]]).all()
     shares = phases[[c for c in phases.columns if c.endswith("_%")]].sum(axis=1)
     assert ((shares - 100).abs() < 1e-6).all()
-    assert phases.loc["tr", "steps"] < 22  # TR commits more than one token in some steps
+    # TR's 24 tokens come from its steps alone (its first step is a tree, no prefill step): some commit several
+    assert phases.loc["tr", "steps"] < 24

@@ -1,75 +1,148 @@
-"""Lookahead decoding without a model: the step's tree, the window update and the n-gram pool."""
+"""Lookahead decoding without a model: the step's tree, the window's filling and update, the n-gram pool, all
+as the reference (Spec-Bench's model/lade) lays them out; and with a tiny model, losslessness and the
+reference's tokens per step."""
 import pytest
 import torch
 
 from methods.base import ConfigError, Verification, build_proposer
+from methods.decode import generate
 from methods.lookahead import layout
 
 CPU = torch.device("cpu")
 
 
-def make(level=3, window=2, guess=2):
-    return build_proposer("lookahead", {"level": level, "window": window, "guess": guess}, vocab_size=100, device=CPU)
+def make(level=3, window=2, guess=2, **extra):
+    return build_proposer("lookahead", {"level": level, "window": window, "guess": guess, **extra},
+                          vocab_size=100, device=CPU)
 
 
 def test_layout_worked_example():
-    # N=3, W=2, a full window (2 rows), one candidate chain (2 tokens). Construction order:
-    # 0 root | 1 c1, 2 c2 (chain) | 3 r0[0], 4 r0[1] (chain under root) | 5 r1[0] under 3, 6 r1[1] under 4
-    tree, order, acceptable, last = layout(3, 2, 2, 1)
-    assert order == [0, 1, 3, 2, 4, 5, 6]
-    assert tree.parents == (-1, 0, 0, 1, 2, 2, 4)
-    assert tree.depth.tolist() == [0, 1, 1, 2, 2, 2, 3]  # r1[1] at position root + 1 + 1 + 1
-    assert acceptable.tolist() == [True, True, False, True, False, False, False]
-    assert last == [5, 6]
-    # r1[1] sees the root, r0[0], r0[1] and itself: the causal context of positions 1..3
-    assert tree.path_to(6) == [0, 2, 4, 6]
+    # N=3, W=2, a full window: level 0 [a] (W-1 tokens), level 1 [c, d] (W tokens); one pooled n-gram (g1 g2).
+    # Construction: 0 root | 1 g1, 2 g2 | 3 a (level 0, under the root) | 4 c (column 0, under the root) | 5 d
+    # (column 1, under a)
+    tree, order, acceptable, last = layout((1, 2), 1, 2)
+    assert order == [0, 1, 3, 4, 2, 5]
+    assert tree.parents == (-1, 0, 0, 0, 1, 2)
+    assert tree.depth.tolist() == [0, 1, 1, 1, 2, 2]  # c at root + 1, d at root + 2: position root + column + level
+    assert acceptable.tolist() == [True, True, False, False, True, False]
+    assert last == [3, 5]
+    assert tree.path_to(5) == [0, 2, 5]  # d sees the root, a and itself
+    _, _, acceptable, _ = layout((1, 2), 1, 2, reference_bonus=True)
+    assert acceptable.tolist() == [True, True, False, False, False, False]  # the n-gram's last token: never
+
+
+def test_the_reference_window_has_27_nodes_for_5_7_7():
+    tree, _, acceptable, last = layout((6, 7, 7, 7), 0, 4)
+    assert tree.size == 1 + 27 and not acceptable[1:].any() and len(last) == 7
+    assert [int((tree.depth == d).sum()) for d in range(1, 10)] == [2, 3, 4, 4, 4, 4, 3, 2, 1]
+
+
+def test_window_fills_from_the_prompt_then_the_pool_grows():
+    """N=4, W=2: W+N-3 = 3 seeds from the prompt, forwarded under the prompt's last token (the reference's
+    prefill); each filling step drops every level's first token and adds the new level without its first."""
+    la = make(level=4, window=2)
+    la.reset(torch.tensor([10, 11, 12]), 0, None)
+    d = la.propose(torch.tensor([10, 11, 12, 13]))
+    seeds = la.levels[0]
+    assert len(seeds) == 3 and set(seeds) <= {10, 11, 12, 13}
+    assert d.tokens.tolist() == [13] + seeds and d.tree.is_chain and not d.acceptable[1:].any()
+
+    def step(argmax_value):
+        d = la.propose(torch.tensor([1]))
+        argmax = torch.full((d.tree.size,), argmax_value)
+        la.update(d, Verification([0], [1], torch.zeros(d.tree.size, 100), argmax))
+        return d
+
+    la.update(d, Verification([0], [1], torch.zeros(4, 100), torch.tensor([9, 20, 21, 22])))
+    assert la.levels == [seeds[1:], [20, 21, 22]]
+    step(30)
+    assert la.levels == [seeds[2:], [21, 22], [30, 30]] and la.full  # W-1, W, W
+    assert la.pool == {}
+    d = step(40)
+    assert la.pool == {1: [(21, 30, 40)], seeds[2]: [(22, 30, 40)]}
+    assert la.levels == [[22], [30, 30], [40, 40]]
+    assert d.tree.size == 1 + 1 + 2 * 2
 
 
 def test_window_update_and_pool_worked_example():
+    """The module docstring's example: N=3, W=2, level 0 [a], level 1 [c, d], new tokens [e, f], root r."""
+    a, c, d_, e, f, r = 1, 3, 4, 5, 6, 7
     la = make()
-    la.reset(torch.tensor([10, 11, 12, 13]), 0, None)
-    assert len(la.rows) == 1 and all(t in (10, 11, 12, 13) for t in la.rows[0])
-    la.rows = [[1, 2], [3, 4]]  # a full window: rows [[a, b], [c, d]]
-    draft = la.propose(torch.tensor([7]))  # no n-gram starts with 7: no candidates
-    assert draft.tokens.tolist() == [7, 1, 2, 3, 4] and not draft.acceptable[1:].any()
-    argmax = torch.zeros(5, dtype=torch.long)
-    argmax[la._last_row] = torch.tensor([5, 6])  # greedy tokens e, f at the last row
-    la.update(draft, Verification([0], [9], torch.zeros(5, 100), argmax))
-    assert la.pool == {1: [(3, 5)], 2: [(4, 6)]}
-    assert la.rows == [[3, 4], [5, 6]]
+    la.reset(torch.tensor([10, 11]), 0, None)
+    la.levels = [[a], [c, d_]]
+    draft = la.propose(torch.tensor([r]))  # no n-gram starts with r: no candidates
+    assert draft.tokens.tolist() == [r, a, c, d_] and not draft.acceptable[1:].any()
+    argmax = torch.zeros(4, dtype=torch.long)
+    argmax[la._last] = torch.tensor([e, f])
+    la.update(draft, Verification([0], [9], torch.zeros(4, 100), argmax))
+    assert la.pool == {r: [(c, e)], a: [(d_, f)]}
+    assert la.levels == [[d_], [e, f]]
 
 
-def test_candidates_come_from_the_pool_of_the_root():
+def test_candidates_come_from_the_pool_of_the_root_once_the_window_is_full():
     la = make(guess=2)
     la.reset(torch.tensor([10, 11]), 0, None)
-    la.rows = [[1, 2]]  # still filling: one row
     for rest in [(8, 9), (5, 6), (7, 7)]:
         la._add(3, rest)
     assert la.pool[3] == [(5, 6), (7, 7)]  # at most G per key, the oldest dropped
     la._add(3, (5, 6))
     assert la.pool[3] == [(7, 7), (5, 6)]  # seen again: moved to the newest end
+    la.levels = [[1, 2, 3]]  # filling: the reference verifies no n-gram yet
+    assert la.propose(torch.tensor([0, 3])).acceptable[1:].sum() == 0
+    la.levels = [[1], [2, 4]]  # full
     d = la.propose(torch.tensor([0, 3]))
-    # root 3; chains (7 7) and (5 6) are acceptable; the window row (1 2) is not
     toks, ok = d.tokens.tolist(), d.acceptable.tolist()
     assert toks[0] == 3 and sorted(t for t, a in zip(toks[1:], ok[1:]) if a) == [5, 6, 7, 7]
-    assert sorted(t for t, a in zip(toks, ok) if not a) == [1, 2]
+    assert sorted(t for t, a in zip(toks, ok) if not a) == [1, 2, 4]
 
 
-def test_window_fills_one_row_per_step():
-    la = make(level=4, window=2)
-    la.reset(torch.tensor([10, 11]), 0, None)
-    for step in range(4):
-        d = la.propose(torch.tensor([1]))
-        argmax = torch.full((d.tree.size,), 40 + step)
-        la.update(d, Verification([0], [1], torch.zeros(d.tree.size, 100), argmax))
-        assert len(la.rows) == min(step + 2, 3)
-    assert la.pool  # the window was full on the last steps
+@pytest.mark.parametrize("reference_bonus, committed", [(False, 3), (True, 2)])
+def test_a_fully_matched_ngram_commits_n_tokens_or_the_references_n_minus_1(reference_bonus, committed):
+    """N=3: the pooled n-gram (5 6) after root 3 is right in full. The reference's verification stops at N-2
+    matched tokens, committing 2 (3, then 5 6 minus the bonus); ours commits 5, 6 and the bonus."""
+    from methods.verify import accept
+
+    la = make(level=3, window=2, guess=1, reference_bonus=reference_bonus)
+    la.reset(torch.tensor([3]), 0, None)
+    la.levels = [[1], [2, 4]]
+    la._add(3, (5, 6))
+    d = la.propose(torch.tensor([3]))
+    greedy = {3: 5, 5: 6, 6: 8}  # the target's next token after each node's token (the window's: anything)
+    argmax = torch.tensor([greedy.get(int(t), 0) for t in d.tokens])
+    best = int(accept(d.tokens, argmax, d.tree, d.acceptable))
+    assert len(d.tree.path_to(best)) == committed  # accepted nodes, root included = tokens committed with the bonus
+
+
+def test_lossless_on_the_reference_settings(tiny_model):
+    for bonus in (False, True):
+        p = build_proposer("lookahead", {"reference_bonus": bonus}, vocab_size=96, device=CPU)
+        for prompt in ([1, 2, 3] * 12, [1, 40, 41, 40, 41, 40, 7]):
+            ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)[0, len(prompt):]
+            gen = generate(tiny_model, p, prompt, max_new_tokens=60, stop_ids=set())
+            assert gen.token_ids == ref.tolist() and not gen.prefill_step and gen.accept_lengths[0] == 1
+            assert max(gen.accept_lengths) <= (4 if bonus else 5)
+
+
+def test_step_sizes_cover_every_step(tiny_model):
+    p = build_proposer("lookahead", {"level": 4, "window": 3, "guess": 2}, vocab_size=96, device=CPU)
+    sizes = set()
+    for prompt in ([1, 2, 3] * 10, [5, 9, 5, 9, 5, 7, 5, 9]):
+        p.reset(torch.tensor(prompt[:-1]), 0, None)
+        ctx = torch.tensor(prompt)
+        for _ in range(12):
+            d = p.propose(ctx)
+            sizes.add(d.tree.size)
+            argmax = torch.randint(1, 10, (d.tree.size,))
+            p.update(d, Verification([0], [int(argmax[0])], torch.zeros(d.tree.size, 96), argmax))
+            ctx = torch.cat([ctx, argmax[:1]])
+    assert sizes <= set(p.step_sizes())
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"level": 1}, "method.level must be an integer from 2"),
-    ({"window": 0}, "method.window must be an integer from 1"),
+    ({"level": 2}, "method.level must be an integer from 3"),
+    ({"window": 1}, "method.window must be an integer from 2"),
     ({"guess": -1}, "method.guess must be an integer from 0"),
+    ({"reference_bonus": "yes"}, "method.reference_bonus must be true or false"),
     ({"size": 3}, "no parameter"),
 ])
 def test_bad_parameters(params, message):

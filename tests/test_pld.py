@@ -18,26 +18,52 @@ def test_no_match_gives_a_root_only_draft():
 def test_longest_ngram_first():
     # last 3-gram (7 8 9) occurs at 0 -> continue with 1; the 1-gram (9) alone also occurs at 5 -> 3
     ctx = t([7, 8, 9, 1, 2, 9, 3, 7, 8, 9])
-    assert lookup(ctx, max_ngram=3, num_pred=2).tolist() == [1, 2]
-    assert lookup(ctx, max_ngram=1, num_pred=2).tolist() == [1, 2]  # 9 at 2 comes before 9 at 5
+    for rule in ("spec_bench", "transformers"):
+        assert lookup(ctx, max_ngram=3, num_pred=2, rule=rule).tolist() == [1, 2]
+        assert lookup(ctx, max_ngram=1, num_pred=2, rule=rule).tolist() == [1, 2]  # 9 at 2 comes before 9 at 5
 
 
 def test_several_matches_the_earliest_wins():
     ctx = t([5, 6, 1, 5, 6, 2, 5, 6])
-    assert lookup(ctx, max_ngram=2, num_pred=1).tolist() == [1]
+    for rule in ("spec_bench", "transformers"):
+        assert lookup(ctx, max_ngram=2, num_pred=1, rule=rule).tolist() == [1]
 
 
-def test_match_at_the_very_end_is_cut_at_the_sequence_end():
+def test_the_issue_example_spec_bench_finds_no_full_continuation():
+    """Spec-Bench's find_candidate_pred_tokens: a match counts only with num_pred_tokens after it (and its
+    continuation starting before the last n-gram); transformers' takes the earliest with any continuation."""
+    ctx = t(list(range(1, 16)) + [20, 21, 22, 30, 20, 21, 22])
+    assert lookup(ctx, 3, 10, "spec_bench").tolist() == []
+    assert lookup(ctx, 3, 10, "transformers").tolist() == [30, 20, 21, 22]
+    assert lookup(ctx, 3, 4, "spec_bench").tolist() == [30, 20, 21, 22]  # a full 4-token continuation
+
+
+def test_spec_bench_falls_back_to_a_smaller_n():
+    # 2-gram (1 2) at 0 and 5: only the one at 0 has 3 tokens after it that start before the last 2-gram
+    ctx = t([1, 2, 7, 8, 9, 1, 2, 4, 1, 2])
+    assert lookup(ctx, 2, 3, "spec_bench").tolist() == [7, 8, 9]
+    # with 6 tokens wanted, no occurrence of (1 2) has them; the 1-gram (2) at 1 has: 7 8 9 1 2 4
+    assert lookup(ctx, 2, 6, "spec_bench").tolist() == [7, 8, 9, 1, 2, 4]
+    # a continuation may run into the last n-gram, but must start before it: (3) at 0 continues with 1 2 3
+    assert lookup(t([3, 1, 2, 3]), 1, 3, "spec_bench").tolist() == [1, 2, 3]
+    # (3 3) at 0 would continue at 2, the start of the last 2-gram itself: refused; the 1-gram (3) at 0 is taken
+    assert lookup(t([3, 3, 3, 3]), 2, 1, "spec_bench").tolist() == [3]
+    assert lookup(t([3, 3, 3]), 2, 1, "spec_bench").tolist() == [3]
+
+
+def test_transformers_rule_cuts_a_match_at_the_sequence_end():
     # the last 2-gram (3 3, at 2) occurs earlier only at 1, overlapping it: the draft is the one token left
     ctx = t([0, 3, 3, 3])
-    assert lookup(ctx, max_ngram=2, num_pred=10).tolist() == [3]
+    assert lookup(ctx, max_ngram=2, num_pred=10, rule="transformers").tolist() == [3]
+    assert lookup(ctx, max_ngram=2, num_pred=10, rule="spec_bench").tolist() == []
     # a match ending right before the last token drafts just that token
-    assert lookup(t([4, 9, 4]), max_ngram=1, num_pred=5).tolist() == [9, 4]
+    assert lookup(t([4, 9, 4]), max_ngram=1, num_pred=5, rule="transformers").tolist() == [9, 4]
 
 
 def test_the_trailing_ngram_does_not_match_itself():
-    assert lookup(t([1, 2]), max_ngram=3, num_pred=3).tolist() == []
-    assert lookup(t([2]), max_ngram=3, num_pred=3).tolist() == []
+    for rule in ("spec_bench", "transformers"):
+        assert lookup(t([1, 2]), max_ngram=3, num_pred=3, rule=rule).tolist() == []
+        assert lookup(t([2]), max_ngram=3, num_pred=3, rule=rule).tolist() == []
 
 
 def test_draft_is_a_chain_rooted_at_the_last_token():
@@ -50,6 +76,7 @@ def test_draft_is_a_chain_rooted_at_the_last_token():
     ({"max_ngram": 0}, "method.max_ngram must be an integer from 1"),
     ({"num_pred_tokens": 1.5}, "method.num_pred_tokens must be an integer"),
     ({"n": 3}, "no parameter"),
+    ({"match": "hf"}, "method.match must be one of spec_bench, transformers"),
 ])
 def test_bad_parameters(params, message):
     with pytest.raises(ConfigError, match=message):

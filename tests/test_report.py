@@ -61,9 +61,39 @@ def test_main_table_equals_hand_computed_numbers(runs, tmp_path):
     assert t.loc["vanilla", "mat"] == 1.0 and t.loc["vanilla", "speedup"] == pytest.approx(1.0)
     assert math.isnan(t.loc["vanilla", "speedup_std"])  # one run: no spread, and none is invented
     md = (tmp_path / "out" / "main_table.md").read_text()
-    assert "| tiny-llama | tr | 3.00 ± 1.41× | 1.50 ± 0.71× | 5.00 ± 0.00 | 8.33 ± 2.36 | 1.67 ± 0.47× |" in md
+    assert "| tiny-llama | tr | 3.00 ± 1.41× | 1.50 ± 0.71× | 5.00 ± 0.00 | 5.00 ± 0.00 | 8.33 ± 2.36 | 1.67 ± 0.47× |" in md
     csv = (tmp_path / "out" / "main_table.csv").read_text().splitlines()
     assert csv[0].startswith("model,method,baseline,repeats,qa,qa_std,rag,rag_std,mat")
+
+
+def test_mat_in_both_conventions(tmp_path):
+    """Ours counts every forward (the prefill's one token too); Spec-Bench's drafting scripts verify their first
+    drafts in the prompt's forward, so a turn whose first step was our prefill has one step fewer there. The
+    runner writes that count (spec_bench_steps); files without it (Spec-Bench's own) count steps as they are."""
+    from evaluation.metrics import task_table
+
+    ours = rec(1, "qa", 10, 1.0, [1, 4, 5])
+    ours["choices"][0].update(prefill_step=[True], spec_bench_steps=[2])
+    tree_first = rec(2, "qa", 10, 1.0, [5, 5])  # TR's reference prefill: no prefill step to fold
+    tree_first["choices"][0].update(prefill_step=[False], spec_bench_steps=[2])
+    theirs = rec(3, "qa", 10, 1.0, [5, 5])  # a Spec-Bench file
+    t = task_table([ours, tree_first, theirs]).loc["overall"]
+    assert t["mat"] == pytest.approx(30 / 7) and t["mat_specbench"] == pytest.approx(30 / 6)
+    write_run(tmp_path / "v", "vanilla", VANILLA)
+    write_run(tmp_path / "pld", "pld", [ours])
+    table = rp.report([str(tmp_path)], tmp_path / "out", figures=False)["table"].set_index("method")
+    assert table.loc["pld", "mat"] == pytest.approx(10 / 3) and table.loc["pld", "mat_specbench"] == 5.0
+    assert "| MAT | MAT (Spec-Bench) |" in (tmp_path / "out" / "main_table.md").read_text()
+
+
+def test_a_table_of_separate_runs_says_so(runs, tmp_path):
+    rp.report([str(runs)], tmp_path / "separate", figures=False)
+    assert "made at different times" in (tmp_path / "separate" / "main_table.md").read_text()
+    for name in ("vanilla", "tr/r1", "tr/r2"):  # as scripts.bench_methods writes them: one session
+        summary = json.loads((runs / name / "summary.json").read_text())
+        (runs / name / "summary.json").write_text(json.dumps({**summary, "session": "s1"}))
+    rp.report([str(runs)], tmp_path / "together", figures=False)
+    assert "different times" not in (tmp_path / "together" / "main_table.md").read_text()
 
 
 def test_spec_bench_speedup_definition_beside_ours(runs, tmp_path):
@@ -80,7 +110,7 @@ def test_latex_table_is_booktabs_and_marks_the_best(runs, tmp_path):
     write_run(runs / "pld", "pld", [rec(1, "qa", 10, 1.5, [2, 8]), rec(2, "rag", 20, 1.0, [20])])
     rp.report([str(runs)], tmp_path / "out", figures=False)
     tex = (tmp_path / "out" / "main_table.tex").read_text()
-    for part in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{llrrrrr}", r"tiny-llama"):
+    for part in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{llrrrrrr}", r"tiny-llama"):
         assert part in tex
     rows = {line.split(" & ")[1]: line for line in tex.splitlines() if line.startswith("tiny-llama")}
     assert r"\textbf{4.00$\times$}" in rows["pld"]            # rag: pld 20 tok/s over 5 beats tr's 1.50
@@ -189,7 +219,7 @@ def test_reads_spec_bench_answer_files(tmp_path):
 
 
 def spec_bench_speed(path, base_path, task):
-    """Spec-Bench's speed computation as its README and GUIDE section 5 define it, from its own fields only."""
+    """Spec-Bench's speed computation as its README and evaluation/speed.py define it, from its own fields only."""
     mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
     def rows(p):

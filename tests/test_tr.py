@@ -134,3 +134,25 @@ def test_fit_tree_rule():
     assert k12.children_counts()[0] == 12 and k12.size == 81 + 3 * 4
     tr = build_proposer("tr", {"k": 4, "fit_tree_to_k": True}, vocab_size=100, device=CPU)
     assert tr.tree.size == k4.size
+
+
+def test_first_step_is_a_full_tree_as_in_the_reference(tiny_model):
+    """The reference (Luowaterbi/TokenRecycling recycling_forward) prefills the prompt but its last token: the
+    first step is a tree rooted at the prompt's last token, which can accept several tokens at once and writes
+    the rows of every node it verified. ``first_step=prefill`` keeps the prefill's single token. Tokens are
+    the same either way."""
+    from methods.decode import generate
+
+    prompt = [1, 5, 9, 33, 4, 5, 9, 33, 4]
+    ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)[0, 9:].tolist()
+    tree_first = build_proposer("tr", {}, vocab_size=96, device=CPU)
+    assert tree_first.drafts_first
+    gen = generate(tiny_model, tree_first, prompt, max_new_tokens=30, stop_ids=set())
+    assert gen.token_ids == ref and not gen.prefill_step and sum(gen.accept_lengths) == 30
+    again = generate(tiny_model, tree_first, prompt, max_new_tokens=30, stop_ids=set())  # hot: M knows the text
+    assert again.token_ids == ref and again.accept_lengths[0] > 1
+    prefill_first = build_proposer("tr", {"first_step": "prefill"}, vocab_size=96, device=CPU)
+    gen = generate(tiny_model, prefill_first, prompt, max_new_tokens=30, stop_ids=set())
+    assert gen.token_ids == ref and gen.prefill_step and gen.accept_lengths[0] == 1
+    with pytest.raises(ConfigError, match="method.first_step must be one of tree, prefill"):
+        build_proposer("tr", {"first_step": "draft"}, vocab_size=96, device=CPU)
