@@ -47,9 +47,13 @@ OmegaConf.register_new_resolver("cuda_devices", lambda least=0: max(int(least), 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The runner's config for these overrides, outside a Hydra app (scripts and tests)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        try:
+            return compose(config_name="config", overrides=overrides)
+        except HydraException as e:  # an unknown group option or key: Hydra's own message names it
+            raise HarnessError(" ".join(str(e).split())) from None
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:
