@@ -100,7 +100,8 @@ def claim_device(spec: ModelSpec, wait_s: float = 7 * 24 * 3600) -> tuple[ModelS
                 continue
             _HELD.append(f)  # held until the process ends
             waited = time.monotonic() - t0
-            device = name if spec.device == "auto" or name == "cpu" else spec.device
+            # the CPU keeps the configured setting: device=auto on a machine without GPUs still warns (cpu_fallback)
+            device = spec.device if name == "cpu" else name
             return replace(spec, device=device), {"device": name, "waited_s": round(waited, 1)}
         if time.monotonic() - t0 > wait_s:
             raise HarnessError(f"no free device among {', '.join(names)} after {wait_s:.0f} s (held by other "
