@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
-from evaluation.errors import HarnessError, read_jsonl
+from evaluation.errors import HarnessError, read_json, read_jsonl
 
 ANSWERS = "answers.jsonl"
 SUMMARY = "summary.json"
+LOCK = ".lock"  # held by the process writing the folder (folder_lock)
 SPEC_BENCH_FIELDS = ("turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths")
 
 
@@ -60,7 +62,7 @@ def read_summary(path: str | Path) -> dict:
     """The run summary beside an answer file (``{}`` for a file without one, e.g. Spec-Bench's own)."""
     p = answer_file(path)
     f = p.parent / SUMMARY
-    return json.loads(f.read_text()) if p.name == ANSWERS and f.is_file() else {}
+    return read_json(f, "a run summary") if p.name == ANSWERS and f.is_file() else {}
 
 
 def separate_runs_note(summaries: list[dict]) -> str | None:
@@ -89,7 +91,8 @@ def read_answers(path: str | Path) -> list[dict]:
 
 
 class AnswerWriter:
-    """Appends whole lines. A line cut short by a killed process is removed when the file is reopened."""
+    """Appends whole lines. A line cut short by a killed process is removed when the file is reopened; any
+    other bad line (not JSON, not an answer, a question answered twice) is refused with its ``file:line``."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -100,9 +103,11 @@ class AnswerWriter:
             if len(whole) != len(data):
                 with open(path, "r+b") as f:
                     f.truncate(len(whole))
-            for line in whole.decode("utf-8").splitlines():
-                if line.strip():
-                    self.done.add(json.loads(line)["question_id"])
+            for where, obj in read_jsonl(path, "one answer record a line; move the file away to start over"):
+                qid = _check(obj, where)["question_id"]
+                if qid in self.done:
+                    raise HarnessError(f"{where}: question {qid} is answered twice; keep one of its lines")
+                self.done.add(qid)
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, ensure_ascii=False) + "\n"
@@ -111,6 +116,110 @@ class AnswerWriter:
             f.flush()
             os.fsync(f.fileno())
         self.done.add(record["question_id"])
+
+
+ABSENT = type("Absent", (), {"__repr__": lambda self: "absent"})()  # a key one config does not have
+
+
+def first_difference(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> tuple[str, object, object] | None:
+    """The first (dotted key, value in ``a``, value in ``b``) where two configs differ, skipping keys in or under
+    ``ignore``; None when they agree. A group's ``name`` is named before its other keys (``engine.name``, not
+    the first of the keys that differ with it); a key missing on one side is ``ABSENT`` there."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    fa, fb = flat(a), flat(b)
+    for key in sorted(fa.keys() | fb.keys(), key=lambda k: (not k.endswith(".name"), k)):
+        if any(key == i or key.startswith(i + ".") for i in ignore):
+            continue
+        va, vb = fa.get(key, ABSENT), fb.get(key, ABSENT)
+        if va != vb:
+            return key, va, vb
+    return None
+
+
+@contextmanager
+def folder_lock(folder: Path, fix: str = "wait for it to finish, or choose another folder"):
+    """Hold ``folder`` for this process alone while the block runs (``fcntl.flock`` on ``folder/.lock``: the
+    OS releases it when the process ends, however it ends, so a killed run leaves no stale lock). A folder
+    another process holds, or one this process cannot write to, is refused in one line. A block that fails
+    in a folder that was empty leaves nothing behind unless it wrote an answer file."""
+    import fcntl
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise HarnessError(f"cannot write to {folder} ({e.strerror}); make it writable, or choose another "
+                           f"folder") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise HarnessError(f"{folder} is in use by another process (PID {holder}); {fix}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the lock alone does not prove the folder takes new files (a read-only mount lets flock pass)
+            probe = folder / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            raise HarnessError(f"cannot write to {folder} ({e.strerror}); make it writable, or choose another "
+                               f"folder") from None
+        new = not any(p.name != LOCK for p in folder.iterdir())
+        try:
+            yield
+        except BaseException:
+            if new and not (folder / ANSWERS).exists():
+                _remove_new_folder(folder)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _remove_new_folder(folder: Path) -> None:
+    """Remove a folder this process made, and the empty folders above it inside the project's results/ (Hydra
+    makes a run's folder, and its parents, before the config can be checked)."""
+    import shutil
+
+    from evaluation.paths import RESULTS
+
+    shutil.rmtree(folder, ignore_errors=True)
+    results = RESULTS.resolve()
+    for parent in folder.resolve().parents:
+        if parent == results or results not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
+
+
+def load_torch_safe(path: Path, map_location=None):
+    """``torch.load`` of a file of tensors and plain containers only (``weights_only=True``, whatever
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says): a file holding code is refused, not run."""
+    import pickle
+
+    import torch
+
+    try:
+        with open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        raise HarnessError(f"{path} holds more than tensors, so it was not loaded ({first[:120]}); delete it if "
+                           f"this harness did not write it") from None
+    except (RuntimeError, EOFError) as e:
+        raise HarnessError(f"{path} is not a readable tensor file ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:120] if str(e) else 'truncated'}); delete it to start "
+                           f"over") from None
 
 
 def write_json_atomic(path: Path, obj) -> None:

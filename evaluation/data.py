@@ -103,6 +103,19 @@ def _stratified(questions: list[Question]) -> dict[str, list[Question]]:
     return out
 
 
+def _listed(value, key: str, kind: type, what: str, one: bool = False):
+    """A selection setting as a list of ``kind`` (a single value is a list of one: ``bench.categories=qa``), or
+    with ``one`` a single value; None when unset."""
+    if value is None:
+        return None
+    items = [value] if one or isinstance(value, (str, int)) else list(value) if hasattr(value, "__iter__") else [value]
+    for v in items:
+        if not isinstance(v, kind) or isinstance(v, bool):
+            example = "[81,82]" if kind is int and not one else "[qa,rag]" if kind is str else "10"
+            raise HarnessError(f"{key} must be {what}, got {v!r}; e.g. {key}={example}")
+    return items[0] if one else items
+
+
 def select(questions: list[Question], categories=None, question_ids=None, limit_per_category=None,
            skip_per_category: int = 0) -> list[Question]:
     """Pick a sample, keeping file order.
@@ -114,6 +127,10 @@ def select(questions: list[Question], categories=None, question_ids=None, limit_
     ``skip_per_category`` skips the first M of that order: ``skip=10, limit=10``
     gives a second sample disjoint from the first (e.g. for calibration).
     """
+    categories = _listed(categories, "bench.categories", str, "task or category names")
+    question_ids = _listed(question_ids, "bench.question_ids", int, "question ids (integers)")
+    limit_per_category = _listed(limit_per_category, "bench.limit_per_category", int, "an integer", one=True)
+    skip_per_category = _listed(skip_per_category, "bench.skip_per_category", int, "an integer", one=True) or 0
     if categories:
         wanted = set(categories)
         known = {q.category for q in questions} | {q.task for q in questions}
@@ -122,7 +139,7 @@ def select(questions: list[Question], categories=None, question_ids=None, limit_
             raise HarnessError(f"unknown bench.categories {unknown}; known: {', '.join(sorted(known))}")
         questions = [q for q in questions if q.category in wanted or q.task in wanted]
     if question_ids:
-        ids = set(int(i) for i in question_ids)
+        ids = set(question_ids)
         missing = sorted(ids - {q.question_id for q in questions})
         if missing:
             raise HarnessError(f"bench.question_ids {missing} are not in the selected questions")

@@ -23,38 +23,31 @@ import os
 import sys
 from pathlib import Path
 
-from evaluation.answers import ANSWERS, SUMMARY, read_answers, write_json_atomic
-from evaluation.errors import HarnessError, exit_on_error
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers, write_json_atomic
+from evaluation.errors import HarnessError, exit_on_error, read_json
 
 
 def merge(shard_dirs: list[Path], out: Path) -> Path:
-    from evaluation.run import comparable
+    """Check the shards, then write the merged folder; ``out`` is held for this process alone meanwhile."""
+    with folder_lock(out, fix="wait for it to finish, or choose another --out"):
+        return _merge(shard_dirs, out)
+
+
+def _merge(shard_dirs: list[Path], out: Path) -> Path:
+    from evaluation.run import RESULT_NEUTRAL, config_mismatch
 
     summaries = []
     for d in shard_dirs:
         f = d / SUMMARY
         if not f.is_file():
             raise HarnessError(f"{d} is not a run folder (no {SUMMARY})")
-        summaries.append(json.loads(f.read_text()))
+        summaries.append(read_json(f, "a run summary"))
     first = summaries[0]
-    base = _flat(comparable(first["config"]))
     for d, s in zip(shard_dirs, summaries):
-        mine = _flat(comparable(s["config"]))
-        diff = sorted(k for k in base.keys() | mine.keys() if base.get(k) != mine.get(k))
-        if diff:
-            k = diff[0]
-            raise HarnessError(f"{d} is a shard of another run: {k} is {mine.get(k)!r} there but "
-                               f"{base.get(k)!r} in {shard_dirs[0]} ({len(diff)} setting(s) differ)")
+        mismatch = config_mismatch(s["config"], first["config"], RESULT_NEUTRAL + ("runtime.shard",),
+                                   where=("in the first", "in the second"))
+        if mismatch:
+            raise HarnessError(f"{d} and {shard_dirs[0]} are shards of different runs: {mismatch}")
         if s["shard"]["selection"] != first["shard"]["selection"] or s["shard"]["count"] != first["shard"]["count"]:
             raise HarnessError(f"{d} splits another selection of questions or into another number of shards")
         if s.get("status") != "finished":

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from evaluation.errors import HarnessError
 from evaluation.paths import CACHE
@@ -185,6 +186,11 @@ def _load_error(spec: ModelSpec, where: Path | str, e: Exception) -> HarnessErro
         if isinstance(e, OSError) and not hub.in_cache(where):
             return HarnessError(str(hub.not_cached(where, "model.checkpoint")))
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    if isinstance(e, SafetensorError):
+        first += " (a truncated or damaged weight file: download it again)"
+    elif "ignore_mismatched_sizes" in first:  # transformers' size-mismatch report
+        first = "weight shapes differ from those config.json gives; config.json and the weights come from " \
+                "different models"
     return HarnessError(f"cannot load model '{spec.name}' from '{where}': {type(e).__name__}: {first}")
 
 
@@ -250,12 +256,18 @@ def load_model(spec: ModelSpec):
         config = AutoConfig.from_pretrained(where, local_files_only=local_only)
         check_fits(spec, config, dtype, device)
         tok = AutoTokenizer.from_pretrained(where, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device, local_files_only=local_only,
-                                                     attn_implementation=spec.attn_implementation)
-    except (OSError, ValueError, ImportError) as e:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            where, dtype=dtype, device_map=device, local_files_only=local_only,
+            attn_implementation=spec.attn_implementation, output_loading_info=True)
+    except (OSError, ValueError, ImportError, RuntimeError, SafetensorError) as e:
         raise _load_error(spec, where, e) from None
     finally:
         logging.getLogger("transformers").setLevel(logging.WARNING)
+    missing = sorted(info["missing_keys"])
+    if missing:  # transformers would decode with these weights random: a config.json of another model
+        raise HarnessError(f"cannot load model '{spec.name}' from '{where}': its weights lack {len(missing)} "
+                           f"tensor(s) its config.json needs ({missing[0]}, ...); config.json and the weights "
+                           f"come from different models")
     return model.eval(), tok, device
 
 

@@ -5,10 +5,13 @@
 The run folder (``hydra.run.dir``, by default named after the overrides) gets
 ``answers.jsonl`` (one whole line per finished question, Spec-Bench's format
 plus token ids and timings), ``config.yaml`` and ``summary.json``. Running the
-same command again resumes: finished questions are skipped.
+same command again resumes: finished questions are skipped, and every setting but
+``RESULT_NEUTRAL`` must be as before. A run holds its folder for itself (``.lock``),
+and Ctrl-C keeps every finished answer (exit 130, summary ``interrupted``).
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -23,7 +26,8 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, save_torch_atomic, write_json_atomic
+from evaluation.answers import (ANSWERS, SUMMARY, AnswerWriter, first_difference, folder_lock, load_torch_safe,
+                                save_torch_atomic, write_json_atomic)
 from evaluation.data import Question, load_bench, shard
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import (ModelSpec, claim_device, cpu_fallback, load_model, max_context, release_devices,
@@ -36,8 +40,28 @@ from methods.engine import build_engine
 from methods.tr import AUTO, TokenRecycling
 
 STATE = "proposer_state.pt"
-# A run without overrides goes to .../<method>/default, so that runs with overrides are its siblings.
-OmegaConf.register_new_resolver("or_default", lambda name: name or "default", replace=True)
+# Settings that cannot change a run's tokens or timings: a resumed run (or a shard being merged) may differ in
+# these only. Everything else in the resolved config, the engine included, must match.
+RESULT_NEUTRAL = ("runtime.progress", "runtime.exclusive_device", "report")
+
+
+def folder_name(overrides: str) -> str:
+    """The run folder's name from Hydra's ``override_dirname``: ``default`` for none, so that runs with overrides
+    are its siblings; one path component always (``/`` in a value, as in ``bench.path=/a/b.jsonl``, is written
+    ``%2F``), and a name too long for a file system ends in a hash of the whole.
+
+    >>> folder_name("bench.path=../x.jsonl,method.k=4")
+    'bench.path=..%2Fx.jsonl,method.k=4'
+    """
+    import hashlib
+
+    name = (overrides or "default").replace("%", "%25").replace("/", "%2F").replace("\0", "")
+    if len(name.encode()) > 200:
+        name = name.encode()[:180].decode(errors="ignore") + "~" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name
+
+
+OmegaConf.register_new_resolver("run_folder", folder_name, replace=True)
 # ${cuda_devices:} / ${cuda_devices:1}: the CUDA devices this machine shows (at least the argument), for
 # conf/cluster/: local jobs see them all and each claims one.
 OmegaConf.register_new_resolver("cuda_devices", lambda least=0: max(int(least), torch.cuda.device_count()),
@@ -97,6 +121,20 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
     }
 
 
+def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
+    """What a user should know before a run's numbers: said once, at the start."""
+    out = []
+    if dtype != torch.float32:
+        out.append(f"{str(dtype).removeprefix('torch.')}: in reduced precision a method's tokens equal vanilla "
+                   f"greedy's only up to near-ties (two logits closer than the arithmetic's noise, which a "
+                   f"different kernel or tree order can swap); python -m evaluation.equal VANILLA_RUN THIS_RUN "
+                   f"classifies every divergence. Token-identical checks: model.dtype=float32")
+    if runner.max_new_tokens >= runner.context:
+        out.append(f"bench.max_new_tokens={runner.max_new_tokens} does not fit {runner.spec.name}'s context of "
+                   f"{runner.context} tokens (prompt included): turns stop at the context's end (stop=length)")
+    return out
+
+
 class Runner:
     """Holds the loaded model and proposer; answers one question at a time."""
 
@@ -104,9 +142,7 @@ class Runner:
         """``loaded``: a (model, tokenizer, device) already loaded for ``cfg.model``, to share between runners;
         ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
         self.spec = spec or model_spec(cfg)
-        self.max_new_tokens = int(cfg.bench.max_new_tokens)
-        if self.max_new_tokens < 1:
-            raise HarnessError(f"bench.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
         self.method, params = method_params(cfg)
         self.model, self.tok, self.device = loaded or load_model(self.spec)
         self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
@@ -169,14 +205,31 @@ class Runner:
         }
 
 
-def comparable(cfg: dict) -> dict:
-    """The parts of a run's config that decide its output; a resumed run (or a shard of a merge) must match them."""
-    return {k: cfg[k] for k in ("model", "method", "bench", "warmup")}
+def config_mismatch(before: dict, now: dict, ignore: tuple[str, ...] = RESULT_NEUTRAL,
+                    where: tuple[str, str] = ("there", "here")) -> str | None:
+    """None when two resolved run configs would give the same answers, else the first setting that differs
+    ("KEY is A there but B here"; ``where`` names the two sides)."""
+    diff = first_difference(before, now, ignore)
+    return None if diff is None else f"{diff[0]} is {diff[1]!r} {where[0]} but {diff[2]!r} {where[1]}"
+
+
+def int_setting(value, key: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise HarnessError(f"{key} must be an integer of at least {least}, got {value!r}")
+    return value
 
 
 def run(cfg: DictConfig, out: Path) -> Path:
-    if int(cfg.warmup) < 0:
-        raise HarnessError(f"warmup must be 0 or more, got {cfg.warmup}")
+    """Decode the selection into ``out``, resuming what is there; ``out`` is held for this process alone, and
+    left as it was found (nothing, if it was new) when the run fails before its first answer."""
+    with folder_lock(out, fix="wait for it to finish (rerun the same command then to resume), or choose "
+                              "another folder with hydra.run.dir=DIR"):
+        return _run(cfg, out)
+
+
+def _run(cfg: DictConfig, out: Path) -> Path:
+    int_setting(cfg.warmup, "warmup", 0)
+    int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
     b = cfg.bench
     selection = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
@@ -184,12 +237,20 @@ def run(cfg: DictConfig, out: Path) -> Path:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config_file = out / "config.yaml"
     if config_file.exists():
-        before = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
-        shard_of = (before["runtime"].get("shard"), before["runtime"].get("num_shards"))
-        if comparable(before) != comparable(resolved) or shard_of != (cfg.runtime.shard, cfg.runtime.num_shards):
+        try:
+            before = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable YAML: one line
+            raise HarnessError(f"{config_file} is not a readable config ({type(e).__name__}); move the folder "
+                               f"away to start over") from None
+        mismatch = config_mismatch(before, resolved)
+        if mismatch:
             raise HarnessError(
-                f"{out} holds a run with a different configuration ({config_file}); "
-                f"choose another folder with hydra.run.dir=DIR, or delete it to start over")
+                f"{out} holds a run with another configuration ({mismatch}); rerun with its settings to resume "
+                f"it, choose another folder with hydra.run.dir=DIR, or delete it to start over")
+    writer = AnswerWriter(out / ANSWERS)  # a bad line is refused here, before the model loads
+    tmp = config_file.with_name(config_file.name + ".tmp")
+    OmegaConf.save(cfg, tmp, resolve=True)
+    os.replace(tmp, config_file)
     spec, claim = model_spec(cfg), None
     if cfg.runtime.get("exclusive_device", False):  # parallel local jobs: one device each (conf/cluster/)
         spec, claim = claim_device(spec)
@@ -201,11 +262,10 @@ def run(cfg: DictConfig, out: Path) -> Path:
     prompt = describe(runner.spec)
     print(f"prompt format: {prompt['template']}; system prompt: {shorten(prompt['system_prompt'], 50)}; "
           f"suffix {prompt['suffix']!r}; from {prompt['source']}")
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, config_file, resolve=True)
-    writer = AnswerWriter(out / ANSWERS)
+    dtype = next(runner.model.parameters()).dtype
+    for warning in start_warnings(runner, dtype):
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     todo = [q for q in questions if q.question_id not in writer.done]
-    state_file = out / STATE
     summary = {
         "status": "running",
         "model": runner.spec.name,
@@ -215,7 +275,7 @@ def run(cfg: DictConfig, out: Path) -> Path:
         "shard": {"index": cfg.runtime.shard, "count": cfg.runtime.num_shards,
                   "selection": [q.question_id for q in selection], "questions": [q.question_id for q in questions]},
         "config": resolved,
-        "environment": environment(runner.device, next(runner.model.parameters()).dtype),
+        "environment": environment(runner.device, dtype),
         "engine": runner.engine.summary(),
         "prompt": prompt,
         **({"device_claim": claim} if claim else {}),
@@ -224,8 +284,27 @@ def run(cfg: DictConfig, out: Path) -> Path:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json_atomic(out / SUMMARY, summary)
+    try:
+        _answer_all(cfg, runner, out, writer, selection, todo, summary)
+    except KeyboardInterrupt:
+        summary.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       answered=len(writer.done))
+        write_json_atomic(out / SUMMARY, summary)
+        kept = (f"{len(writer.done)} answer(s) kept in {out / ANSWERS}" if writer.done else "no answer had finished")
+        raise KeyboardInterrupt(f"{kept}; rerun the same command to resume") from None
+    summary.update(status="finished", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   answered=len(writer.done), method_state=runner.proposer.summary(), engine=runner.engine.summary())
+    write_json_atomic(out / SUMMARY, summary)
+    print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
+    return out
+
+
+def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter, selection: list[Question],
+                todo: list[Question], summary: dict) -> None:
+    """Restore the method's state (a resumed run) or warm up, then answer ``todo`` one whole line at a time."""
+    state_file = out / STATE
     if writer.done and state_file.exists():
-        saved = torch.load(state_file, map_location=runner.device)
+        saved = load_torch_safe(state_file, map_location=runner.device)
         runner.proposer.load_state_dict(saved["state"])
         if saved["answered"] != len(writer.done):
             print(f"note: the run was killed between saving the {runner.method} state and its answer; the "
@@ -249,24 +328,19 @@ def run(cfg: DictConfig, out: Path) -> Path:
     from tqdm import tqdm
 
     tokens = seconds = steps = 0
-    bar = tqdm(todo, desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
-               file=sys.stdout, dynamic_ncols=True)
-    for q in bar:
-        rec = runner.answer(q)
-        state = runner.proposer.state_dict()
-        if state:  # saved before the answer: a resumed run continues from the state after its last answer
-            save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "state": state})
-        writer.append(rec)
-        c = rec["choices"][0]
-        tokens += sum(c["new_tokens"])
-        seconds += sum(c["wall_time"])
-        steps += len(c["accept_lengths"])
-        bar.set_postfix(q=q.question_id, tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
-    summary.update(status="finished", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   answered=len(writer.done), method_state=runner.proposer.summary(), engine=runner.engine.summary())
-    write_json_atomic(out / SUMMARY, summary)
-    print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
-    return out
+    with tqdm(todo, desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
+              file=sys.stdout, dynamic_ncols=True) as bar:
+        for q in bar:
+            rec = runner.answer(q)
+            state = runner.proposer.state_dict()
+            if state:  # saved before the answer: a resumed run continues from the state after its last answer
+                save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "state": state})
+            writer.append(rec)
+            c = rec["choices"][0]
+            tokens += sum(c["new_tokens"])
+            seconds += sum(c["wall_time"])
+            steps += len(c["accept_lengths"])
+            bar.set_postfix(q=q.question_id, tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -275,16 +349,8 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     out = Path(HydraConfig.get().runtime.output_dir)
-    existed_before = out.exists() and any(out.iterdir())
     try:
         run(cfg, out)
-    except BaseException:
-        # Hydra made the folder before we could check the input: leave nothing behind for a run that never started.
-        if not existed_before and out.exists() and not (out / ANSWERS).exists():
-            import shutil
-
-            shutil.rmtree(out, ignore_errors=True)
-        raise
     finally:
         release_devices()  # a launcher may run the next job in this same process (joblib with one worker)
 

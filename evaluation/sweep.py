@@ -82,6 +82,23 @@ def write_table(root: Path, baseline: str | None) -> pd.DataFrame:
     return table
 
 
+class RunFolder(Callback):
+    """Hydra callback: a single run's folder that cannot be made is one line and exit 2 (Hydra would make it
+    itself a moment later and report the failure as a traceback)."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().set_config(config)  # what Hydra does next, so that ${hydra:...} resolves
+        folder = Path(str(config.hydra.run.dir))
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"error: cannot make the run folder {folder} ({e.strerror}); choose a writable place with "
+                  f"hydra.run.dir=DIR", file=sys.stderr)
+            sys.exit(2)
+
+
 class SweepTable(Callback):
     """Hydra callback: when a multirun ends, tabulate its runs (baseline: ``report.baseline``)."""
 

@@ -200,7 +200,11 @@ class Linear:
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+    """oneDNN can pack weights on this CPU: float32 anywhere, bfloat16 only where the CPU has the instructions
+    (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has neither, and oneDNN refuses)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class _Layer:
@@ -272,8 +276,9 @@ class StaticEngine(Engine):
         if pack is None:
             pack = can_pack(self.device, self.dtype)
         elif pack and not can_pack(self.device, self.dtype):
-            raise ConfigError(f"engine.pack=true needs the CPU with float32 or bfloat16 and oneDNN; here "
-                              f"{self.device.type}, {self.dtype}. Set engine.pack=auto")
+            raise ConfigError(f"engine.pack=true needs the CPU with float32 or bfloat16 and oneDNN (bfloat16: a "
+                              f"CPU with AVX-512 or AVX-NE-CONVERT); here {self.device.type}, {self.dtype}. Set "
+                              f"engine.pack=auto")
         inner = model.model
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.lm_head = Linear(model.lm_head, pack)

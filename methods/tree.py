@@ -21,6 +21,7 @@ causal context of the path it lies on.
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -72,7 +73,7 @@ class Tree:
 
     @staticmethod
     def from_parents(parents) -> "Tree":
-        return _tree_on(tuple(int(p) for p in parents), "cpu")
+        return _tree_on(_integers(parents, "parents"), "cpu")
 
     @staticmethod
     def breadth_first(parents: list[int]) -> tuple["Tree", list[int]]:
@@ -108,13 +109,25 @@ class Tree:
         (-1, 0, 0, 1)
         """
         parents = [-1]
-        for node, c in enumerate(counts):
+        for node, c in enumerate(_integers(counts, "children counts")):
             if node >= len(parents):
                 raise TreeError(f"children counts list node {node}, but only {len(parents)} nodes exist by then")
-            parents.extend([node] * int(c))
+            parents.extend([node] * c)
         if len(parents) < len(counts):
             raise TreeError(f"children counts describe {len(parents)} nodes but list {len(counts)}")
         return Tree.from_parents(parents)
+
+
+def _integers(values, what: str) -> tuple[int, ...]:
+    """``values`` as ints; a float (``0.7``), a string or a bool is refused, never truncated."""
+    shown = values
+    try:
+        values = list(values) if not isinstance(values, (str, bytes)) else None
+        if values is None or any(isinstance(v, bool) for v in values):
+            raise TypeError
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise TreeError(f"tree {what} must be a list of integers, got {shown!r:.80}") from None
 
 
 def _validate(parents: tuple[int, ...]) -> None:
@@ -163,12 +176,14 @@ def load_template(name_or_path: str) -> Tree:
         known = ", ".join(sorted(p.stem for p in TEMPLATES.glob("*.json")))
         raise TreeError(f"no tree template '{name_or_path}'; known: {known}, or a path to a .json file")
     try:
-        spec = json.loads(path.read_text())
+        spec = json.loads(path.read_text(encoding="utf-8"))
         if "parents" in spec:
             return Tree.from_parents(spec["parents"])
         return Tree.from_children_counts([c for level in spec["children"] for c in level])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise TreeError(f"tree template {path} is malformed ({e}); it needs 'children' (levels) or 'parents'") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e
+        raise TreeError(f"tree template {path} is malformed ({why}); it needs 'children' (levels) or 'parents'") \
+            from None
 
 
 def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int, reach_depth: bool = False) -> Tree:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -31,7 +32,7 @@ from evaluation.data import load_bench
 from evaluation.equal import compare
 from evaluation.errors import exit_on_error
 from evaluation.models import load_model
-from evaluation.answers import SUMMARY, write_json_atomic
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock, write_json_atomic
 from evaluation.paths import RESULTS
 from evaluation.run import Runner, compose_config, environment, model_spec
 from evaluation.speed import markdown, speed_table
@@ -67,7 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--phases", action="store_true", help="split each method's step time by phase")
     ap.add_argument("--out", default=str(RESULTS / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")))
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    with folder_lock(out, fix="wait for it to finish, or choose another --out"):
+        return bench(args, out)
 
+
+def bench(args, out: Path) -> int:
     common = [f"bench={args.bench}", f"warmup={args.warmup}", *args.set]
     labels = [m.replace("method=", "").replace(" ", ",") for m in args.methods]
     cfgs = [compose_config(common + m.split()) for m in args.methods]
@@ -95,12 +101,13 @@ def main(argv=None) -> int:
             rec = runners[label].answer(q)
             rec["method"] = label
             records[label].append(rec)
-    out = Path(args.out)
     session = uuid.uuid4().hex
     env = environment(loaded[2], next(loaded[0].parameters()).dtype)  # one process: one environment
     for label, recs in records.items():
         (out / label).mkdir(parents=True, exist_ok=True)
-        (out / label / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        tmp = out / label / (ANSWERS + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        os.replace(tmp, out / label / ANSWERS)
         r = runners[label]
         write_json_atomic(out / label / SUMMARY, {
             "status": "finished", "model": r.spec.name, "method": GENERATE if label == GENERATE else r.method,

@@ -41,7 +41,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from evaluation.answers import save_torch_atomic
+from evaluation.answers import load_torch_safe, save_torch_atomic
 from evaluation.errors import HarnessError, exit_on_error
 from evaluation.models import load_model
 from evaluation.paths import CACHE, ROOT
@@ -88,7 +88,7 @@ def respond(model, tok, spec, prompts: list[str], max_new: int, batch: int, devi
     tok.padding_side = "left"
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = tok.eos_token_id
-    done = torch.load(store) if store and store.is_file() else {}
+    done = load_torch_safe(store) if store and store.is_file() else {}
     ids = {p: prompt_ids(spec, tok, [p], []) for p in prompts}
     todo = sorted((p for p in dict.fromkeys(prompts) if p not in done), key=len)  # similar lengths: less padding
     for i in tqdm(range(0, len(todo), batch), desc=f"responses ({len(prompts) - len(todo)} stored)", unit="batch"):
@@ -121,7 +121,7 @@ def build_data(model, tok, spec, args, device) -> list[dict]:
         CACHE / "eagle" / args.model / f"data-v3-n{args.max_new_tokens}-l{args.limit or 'all'}.pt"
     if cache.is_file():
         print(f"training data from {cache}")
-        return torch.load(cache, weights_only=False)
+        return load_torch_safe(cache)
     store = cache.parent / f"responses-n{args.max_new_tokens}.pt"
     prompts = (training_prompts() + more_prompts())[: args.limit]
     seqs, starts = respond(model, tok, spec, prompts, args.max_new_tokens, args.batch, device, store)

@@ -76,8 +76,9 @@ def test_tr_keeps_the_chosen_tree_in_its_state():
         fixed.load_state_dict(state)
 
 
-def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch):
-    """Calibrated on our own prompts (cached), costed on this engine, saved as tree.json, and lossless."""
+def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys):
+    """Calibrated on our own prompts (cached), costed on this engine, saved as tree.json, and lossless; the
+    calibration says so when it starts and, with no terminal, logs a line per tree."""
     monkeypatch.setattr(calibrate, "PROMPTS", 4)
     monkeypatch.setattr(calibrate, "TOKENS", 12)
     monkeypatch.setattr(calibrate, "CANDIDATES", (1, 3))
@@ -86,6 +87,9 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "CACHE", tmp_path / "cache")
     common = ["bench.question_ids=[81,161,321]", "bench.max_new_tokens=24", "warmup=1", "runtime.progress=false"]
     auto = run(compose_config(["method=tr", "method.tree=auto", *common]), tmp_path / "auto")
+    said = capsys.readouterr().out
+    assert "tree=auto: calibrating smollm2-135m with K=8, start=hot (once; cached in" in said
+    assert "tree=auto calibration: probe tree (1/3, " in said and "tree=auto calibration: 3 drafts: MAT" in said
     vanilla = run(compose_config(["method=vanilla", *common]), tmp_path / "vanilla")
     assert compare(read_answers(vanilla), read_answers(auto))[2] == []
     state = json.loads((auto / "summary.json").read_text())["method_state"]
@@ -99,3 +103,22 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "autotree").glob("*.json"))) == 1
     # the saved tree is a template a later run can draft with
     assert load_template(str(auto / "tree.json")).parents == tuple(saved["parents"])
+
+
+def test_the_embedded_defaults_never_calibrate(tmp_path, monkeypatch):
+    """The embedded model's calibration for the shipped TR defaults comes with the project (data/autotree/):
+    a first tree=auto run only measures this machine's cost."""
+    from evaluation.run import Runner
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("tree=auto calibrated although the project ships this calibration")
+
+    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "empty-cache")
+    monkeypatch.setattr(calibrate, "_decode", no_decoding)
+    runner = Runner(compose_config(["method=tr", "method.tree=auto"]))
+    shipped = list(calibrate.SHIPPED.glob(f"{runner.spec.name}-k{runner.proposer.k}-{runner.proposer.start}-*.json"))
+    assert len(shipped) == 1
+    saved = json.loads(shipped[0].read_text())
+    assert runner.proposer.auto["calibration"] == saved["source"]
+    assert runner.proposer.tree.size == runner.proposer.auto["drafts"] + 1
+    assert set(saved["measured"]) == {str(n) for n in calibrate.CANDIDATES}

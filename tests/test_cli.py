@@ -115,8 +115,12 @@ def test_rerun_of_a_finished_run_does_nothing(vanilla_run):
 
 
 def test_resume_refuses_a_different_config(vanilla_run):
+    before = {f.name: f.read_bytes() for f in vanilla_run.iterdir() if f.is_file() and f.name != ".lock"}
     p = cli(*run_args(vanilla_run, "bench.max_new_tokens=7"), check=False)
-    assert p.returncode == 2 and "different configuration" in p.stderr
+    assert p.returncode == 2 and "bench.max_new_tokens is 24 there but 7 here" in p.stderr
+    p = cli(*run_args(vanilla_run, "engine=hf"), check=False)  # the engine decides timings: part of the check
+    assert p.returncode == 2 and "engine.name is 'static' there but 'hf' here" in p.stderr
+    assert {f.name: f.read_bytes() for f in vanilla_run.iterdir() if f.is_file() and f.name != ".lock"} == before
 
 
 def test_equal_checker_reports_first_difference(vanilla_run, tmp_path):
@@ -154,8 +158,8 @@ def _bad(tmp_path, *args):
     (["bench=nope"], "Could not find 'bench/nope'"),
     (["model.checkpoint=/nonexistent/vicuna"], "model.checkpoint=/nonexistent/vicuna: no such folder here, and not a hub id"),
     (["bench.path=/nonexistent/q.jsonl"], "question file /nonexistent/q.jsonl does not exist"),
-    (["bench.max_new_tokens=0"], "bench.max_new_tokens must be at least 1"),
-    (["warmup=-1"], "warmup must be 0 or more"),
+    (["bench.max_new_tokens=0"], "bench.max_new_tokens must be an integer of at least 1, got 0"),
+    (["warmup=-1"], "warmup must be an integer of at least 0, got -1"),
     (["bench.limit_per_category=0"], "bench.limit_per_category must be at least 1"),
     (["bench.question_ids=[81]", "model.max_context=20"], "question 81 turn 1: the prompt has"),
     (["model.checkpoint=/"], "cannot load model 'smollm2-135m' from '/'"),

@@ -95,6 +95,17 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
                                         num_attention_heads=2, num_key_value_heads=1)).half()
     with pytest.raises(ConfigError, match="engine.pack=true needs the CPU with float32 or bfloat16"):
         build_engine(half, {"name": "static", "pack": True})
+    # bfloat16 packs only where the CPU has the instructions (an AVX2-only EPYC has not: oneDNN raised there).
+    bf16 = half.to(torch.bfloat16)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert build_engine(bf16, {"name": "static", "pack": True}).pack
+    else:
+        with pytest.raises(ConfigError, match="bfloat16: a CPU with AVX-512 or AVX-NE-CONVERT"):
+            build_engine(bf16, {"name": "static", "pack": True})
+    auto = build_engine(bf16, {"name": "static", "pack": "auto"})
+    assert not auto.pack or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    auto.start(4)
+    assert auto.forward(torch.tensor([1, 2, 3]))[0].shape == (3, 32)
     mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(ConfigError, match="engine=static runs Llama-architecture models; this one is 'mistral'"):

@@ -1,0 +1,70 @@
+"""What machine a figure was measured on: the CPU's model, the instruction sets that decide which kernels
+win (AVX2, AVX-512, AVX512-BF16/FP16, AMX), cores and threads.
+
+Machines of one size differ in kind, and a kernel choice (packed weights for oneDNN, bfloat16) that wins on
+one loses on another, so every summary and figure carries ``cpu()``, engine choices are cached under
+``machine_key()``, and reports refuse to divide timings taken on different kinds.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+from functools import lru_cache
+
+import torch
+
+# The ISA flags (as /proc/cpuinfo names them) that change which CPU kernels are fast, in rising order.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, tuple[str, ...], str]:
+    """(model name, ISA flags present, family/model/stepping) from /proc/cpuinfo; elsewhere what ``platform``
+    knows and no flags."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+    except OSError:
+        return platform.processor() or platform.machine(), (), ""
+
+    def field(name: str) -> str:
+        m = re.search(rf"^{name}\s*:\s*(.*)$", text, re.M)
+        return m.group(1).strip() if m else ""
+
+    flags = set(field("flags").split())
+    ident = "/".join(field(k) for k in ("cpu family", "model", "stepping"))
+    return field("model name") or platform.machine(), tuple(f for f in ISA_FLAGS if f in flags), ident
+
+
+def cpu() -> dict:
+    """The CPU as a figure needs it said: model, family/model/stepping (two CPUs that share a marketing name,
+    like 'AMD EPYC' under a hypervisor, can be different generations), ISA flags, cores, torch's threads."""
+    name, flags, ident = _cpuinfo()
+    return {"model": name, "id": ident, "isa": list(flags), "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "kind": kind()}
+
+
+def kind() -> str:
+    """A short name for the machine kind: the widest vector ISA and the matrix/bf16 extensions, e.g.
+    ``avx2``, ``avx512+bf16``, ``avx512+bf16+amx``."""
+    flags = set(_cpuinfo()[1])
+    base = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else platform.machine()
+    extra = [tag for tag, flag in (("bf16", "avx512_bf16"), ("fp16", "avx512_fp16"), ("amx", "amx_bf16"))
+             if flag in flags]
+    return "+".join([base, *extra])
+
+
+def machine_key() -> str:
+    """Names a machine kind and thread count for caches of measured choices (engine.pack=auto)."""
+    name, flags, ident = _cpuinfo()
+    raw = f"{name}|{ident}|{','.join(flags)}|{torch.get_num_threads()}|{torch.__version__}"
+    return f"{kind()}-t{torch.get_num_threads()}-{hashlib.sha256(raw.encode()).hexdigest()[:10]}"
+
+
+def describe(c: dict | None) -> str:
+    """One line for a figure's footer: ``AMD EPYC (25/1/1), avx2, 2 cores, 2 threads``."""
+    if not c:
+        return "machine not recorded"
+    return (f"{c.get('model', '?')} ({c.get('id', '?')}), {c.get('kind', '?')}, {c.get('cores', '?')} cores, "
+            f"{c.get('threads', '?')} threads")
