@@ -170,6 +170,36 @@ def _bench(run: Run) -> dict:
     return run.summary.get("config", {}).get("bench", {})
 
 
+def machine(run: Run) -> str | None:
+    """The machine a run was timed on, as far as its summary says (None: not recorded, a foreign file): the GPU's
+    name, or the CPU's model, family/model/stepping, ISA flags and torch's threads (``methods.machine``)."""
+    e = run.summary.get("environment")
+    if not e:
+        return None
+    if str(e.get("device", "")).startswith("cuda"):
+        return e.get("device_name")
+    if e.get("cpu"):
+        from methods.machine import describe
+
+        return describe(e["cpu"])
+    return f"{e.get('device_name', '?')}, {e.get('cpu_threads', '?')} threads"
+
+
+def check_machines(groups: list[Group]) -> None:
+    """A speedup divides a method's timings by its baseline's: both must come from one kind of machine."""
+    for g in groups:
+        seen: dict[str, Run] = {}
+        for run in g.baseline + g.runs:
+            m = machine(run)
+            if m is not None:
+                seen.setdefault(m, run)
+        if len(seen) > 1:
+            (m1, r1), (m2, r2) = list(seen.items())[:2]
+            raise HarnessError(f"{g.label} on {g.model} mixes machines: {r1.path} ran on {m1} but {r2.path} on "
+                               f"{m2}; a speedup across machines measures the machines. Report each machine "
+                               f"apart, or pass --mixed-machines to do it anyway")
+
+
 def group_runs(runs: list[Run], baseline: list[Run] | None = None) -> list[Group]:
     """Repeats grouped, each group given its baseline: ``baseline`` for all, else its model's vanilla runs.
 
@@ -332,7 +362,7 @@ def environment_line(groups: list[Group]) -> str:
             if not e:
                 line = "environment not recorded (foreign answer file)"
             else:
-                where = e.get("device_name") if e.get("device", "").startswith("cuda") else \
+                where = machine(run) if e.get("cpu") or e.get("device", "").startswith("cuda") else \
                     f"{e.get('device', '?')} {e.get('device_name', '')}, {e.get('cpu_threads', '?')} threads"
                 line = (f"{where}, {e.get('dtype', '?')}, torch {e.get('torch', '?')}, "
                         f"transformers {e.get('transformers', '?')}")
@@ -525,9 +555,12 @@ def plot_start_policies(stats: pd.DataFrame, groups: list[Group], out: Path, foo
 
 # ---------------------------------------------------------------- the command
 
-def report(paths: list[str], out: Path, baseline: str | None = None, figures: bool = True) -> dict:
+def report(paths: list[str], out: Path, baseline: str | None = None, figures: bool = True,
+           mixed_machines: bool = False) -> dict:
     """Build everything; returns {"table": main table, "stats": per-task table, "files": [written paths]}."""
     groups = group_runs(collect(paths), collect([baseline]) if baseline else None)
+    if not mixed_machines:
+        check_machines(groups)
     stats = task_stats(groups)
     table = main_table(stats)
     env = environment_line(groups)
@@ -562,9 +595,11 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="the baseline run for every row (default: each model's vanilla runs)")
     ap.add_argument("--out", help="output folder (default: results/reports/<time>)")
     ap.add_argument("--no-figures", action="store_true", help="tables only")
+    ap.add_argument("--mixed-machines", action="store_true",
+                    help="allow a speedup whose method and baseline ran on different machines")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    result = report(args.runs, out, args.baseline, figures=not args.no_figures)
+    result = report(args.runs, out, args.baseline, figures=not args.no_figures, mixed_machines=args.mixed_machines)
     print(to_markdown(result["table"]))
     print(f"\n{bench_line(result['groups'])}; {environment_line(result['groups'])}")
     note = timing_note(result["groups"])

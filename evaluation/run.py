@@ -34,6 +34,7 @@ from evaluation.models import (ModelSpec, claim_device, cpu_fallback, load_model
                                stop_token_ids)
 from evaluation.paths import ROOT
 from evaluation.prompts import check_template, describe, prompt_ids
+from methods import machine
 from methods.base import build_proposer
 from methods.decode import Generation, generate
 from methods.engine import build_engine
@@ -116,6 +117,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
         "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                         else platform.processor() or platform.machine()),
         "cpu_threads": torch.get_num_threads(),
+        "cpu": machine.cpu(),  # model, ISA flags, cores: which kernels win depends on them
         "dtype": str(dtype).removeprefix("torch."),
         "host": platform.node(),
     }
@@ -129,6 +131,10 @@ def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
                    f"greedy's only up to near-ties (two logits closer than the arithmetic's noise, which a "
                    f"different kernel or tree order can swap); python -m evaluation.equal VANILLA_RUN THIS_RUN "
                    f"classifies every divergence. Token-identical checks: model.dtype=float32")
+    if dtype in (torch.bfloat16, torch.float16) and runner.device.type == "cpu" and not machine.native(dtype):
+        out.append(f"{str(dtype).removeprefix('torch.')} on this CPU ({machine.kind()}) has no native instructions "
+                   f"for it (AVX512-BF16/FP16 or AMX): a step of many tokens costs several times more than in "
+                   f"float32 (README, 'By machine kind'), so trees and drafts pay less than there")
     if runner.max_new_tokens >= runner.context:
         out.append(f"bench.max_new_tokens={runner.max_new_tokens} does not fit {runner.spec.name}'s context of "
                    f"{runner.context} tokens (prompt included): turns stop at the context's end (stop=length)")

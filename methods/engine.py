@@ -17,9 +17,10 @@ Two engines (``engine=`` in the Hydra config, ``conf/engine/``):
     for decoding: a preallocated KV cache written by position (``kv.StaticKV``),
     rejected drafts left in place and masked (never copied away), the tree mask
     built on the device from the tree's ancestor matrix, rotary tables computed
-    once, and on the CPU the weights pre-packed once for oneDNN (measured on one core
-    of these machines: the MLP weights times 16 rows in 18 ms packed, 44 ms unpacked;
-    times one row, 10 and 18 ms).
+    once, and on the CPU the weights pre-packed once for oneDNN where that is faster
+    on the machine at hand: ``engine.pack=auto`` times both at start, once per machine
+    kind (``choose_pack``; packing won 1.8-2.4x for the MLP weights on an AVX-512
+    EPYC, 1.1-1.5x on an AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon).
 
     ``engine.compile=true``: the decoder layers of every verification step run as a
     ``torch.compile`` graph, one per step size (the number of tree nodes), static in
@@ -186,14 +187,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Linear:
-    """``x @ W.T + b``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN (``can_pack``)."""
+    """``x @ W.T + b``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN (``can_pack``) when ``pack``
+    (``use_packed`` switches between the two while ``choose_pack`` times them)."""
 
     def __init__(self, layer: torch.nn.Linear, pack: bool):
         self.weight, self.bias = layer.weight, layer.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach()) if pack else None
+        self.use_packed = pack
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
+        if not self.use_packed:
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -273,7 +276,8 @@ class StaticEngine(Engine):
         if cfg.model_type != "llama":
             raise ConfigError(f"engine=static runs Llama-architecture models; this one is '{cfg.model_type}'. "
                               f"Use engine=hf")
-        if pack is None:
+        auto = pack is None
+        if auto:
             pack = can_pack(self.device, self.dtype)
         elif pack and not can_pack(self.device, self.dtype):
             raise ConfigError(f"engine.pack=true needs the CPU with float32 or bfloat16 and oneDNN (bfloat16: a "
@@ -291,6 +295,13 @@ class StaticEngine(Engine):
         self._compiled = None  # the compiled steps (engine.compile)
         self.graphs: dict[int, float] = {}  # compiled step size -> seconds its compilation took (prepare)
         self.late: set[int] = set()  # sizes compiled inside a timed step (a proposer that did not declare them)
+        self.pack_choice: dict | None = None  # engine.pack=auto: what was measured (choose_pack)
+        if auto and self.pack:  # measured; not under compile, whose graphs take the plain weights
+            self.pack_choice = choose_pack(self)
+            self._use_pack(self.pack_choice["pack"])
+            if not self.pack:
+                for lin in self._linears():
+                    lin.packed = None  # not kept twice
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
@@ -344,8 +355,19 @@ class StaticEngine(Engine):
             sync(self.device)
             self.graphs[size] = time.perf_counter() - t0
 
+    def _use_pack(self, on: bool) -> None:
+        for lin in self._linears():
+            lin.use_packed = on and lin.packed is not None
+        self.pack = on
+
+    def _linears(self) -> list[Linear]:
+        return [self.lm_head] + [lin for layer in self.layers for lin in
+                                 (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+
     def summary(self) -> dict:
         out = {**super().summary(), "pack": self.pack, "compile": self._compiled is not None}
+        if self.pack_choice is not None:
+            out["pack_choice"] = self.pack_choice
         if self._compiled is not None:
             out["compiled"] = {"graphs": sorted(self.graphs), "seconds": round(sum(self.graphs.values()), 2),
                                "compiled_while_timed": sorted(self.late)}
@@ -408,6 +430,73 @@ class StaticEngine(Engine):
     @torch.inference_mode()
     def commit(self, start: int, path: list[int]) -> None:
         self.cache.commit(start, path)
+
+
+PACK_SIZES = (1, 8, 32)  # tokens per forward timed by choose_pack: a plain step, a small and a large draft
+PACK_CONTEXT = 128  # cached tokens while timing
+PACK_REPEATS = 5
+PACK_CACHE = Path(os.environ.get("HARNESS_CACHE", Path(__file__).resolve().parents[1] / "data" / "cache")) / "engine"
+
+
+@torch.inference_mode()
+def time_pack(engine: "StaticEngine", sizes=PACK_SIZES, repeats: int = PACK_REPEATS) -> dict[str, dict[int, float]]:
+    """The fastest of ``repeats`` forwards of N tokens (a causal chain) after ``PACK_CONTEXT`` cached ones, with
+    the packed and the plain weights, in milliseconds. The two are interleaved, so that a shared machine's
+    slow spell falls on both."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = engine.model.config.vocab_size
+    engine.start(PACK_CONTEXT + max(sizes))
+    engine.forward(torch.randint(vocab, (PACK_CONTEXT,), generator=gen).to(engine.device), last_only=True)
+    best = {"packed": {n: float("inf") for n in sizes}, "plain": {n: float("inf") for n in sizes}}
+    for i in range(repeats + 1):
+        for label in best:
+            engine._use_pack(label == "packed")
+            for n in sizes:
+                tokens = torch.randint(vocab, (n,), generator=gen).to(engine.device)
+                t = time.perf_counter()
+                engine.forward(tokens)
+                if i:  # the first round warms both up
+                    best[label][n] = min(best[label][n], 1000 * (time.perf_counter() - t))
+                engine.commit(PACK_CONTEXT, [])
+    return best
+
+
+def choose_pack(engine: "StaticEngine") -> dict:
+    """engine.pack=auto: pack the weights for oneDNN only where that measured faster on this machine.
+
+    Which wins depends on the CPU (packing won 1.8-2.4x for the MLP weights on an AVX-512 EPYC, 1.1-1.5x on an
+    AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon), so it is timed (``time_pack``), once per machine kind, thread count, dtype and model shape, and
+    cached in ``data/cache/engine/``. Packed is chosen when its times over ``PACK_SIZES`` have a geometric
+    mean below the plain ones'. The choice and its timings go into the run summary."""
+    import json
+    import math
+
+    from methods.machine import machine_key
+
+    cfg = engine.model.config
+    shape = f"{cfg.num_hidden_layers}x{cfg.hidden_size}x{cfg.intermediate_size}x{cfg.vocab_size}"
+    file = PACK_CACHE / f"pack-{machine_key()}-{str(engine.dtype).removeprefix('torch.')}-{shape}.json"
+    try:
+        cached = json.loads(file.read_text())
+        if isinstance(cached, dict) and isinstance(cached.get("pack"), bool):
+            return cached | {"cached": str(file)}
+    except (OSError, ValueError):
+        pass  # none yet, or unreadable: measured (again)
+    t0 = time.perf_counter()
+    ms = time_pack(engine)
+    ratio = math.exp(sum(math.log(ms["packed"][n] / ms["plain"][n]) for n in PACK_SIZES) / len(PACK_SIZES))
+    choice = {"pack": ratio < 1, "packed_vs_plain": round(ratio, 3),
+              "ms": {k: {n: round(v, 2) for n, v in row.items()} for k, row in ms.items()},
+              "measured": {"sizes": list(PACK_SIZES), "context": PACK_CONTEXT, "fastest_of": PACK_REPEATS,
+                           "seconds": round(time.perf_counter() - t0, 1)}}
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(choice, indent=1) + "\n")
+        tmp.replace(file)
+    except OSError:
+        pass  # a read-only cache: measured again next time
+    return choice
 
 
 def build_engine(model, params: dict | None = None) -> Engine:

@@ -16,7 +16,8 @@ from functools import lru_cache
 import torch
 
 # The ISA flags (as /proc/cpuinfo names them) that change which CPU kernels are fast, in rising order.
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+             "amx_fp16")
 
 
 @lru_cache(maxsize=1)
@@ -53,6 +54,17 @@ def kind() -> str:
     extra = [tag for tag, flag in (("bf16", "avx512_bf16"), ("fp16", "avx512_fp16"), ("amx", "amx_bf16"))
              if flag in flags]
     return "+".join([base, *extra])
+
+
+def native(dtype: torch.dtype) -> bool:
+    """This CPU has matrix instructions for ``dtype`` (bf16: AVX512-BF16 or AMX; fp16: AVX512-FP16 or AMX-FP16);
+    without them torch emulates it, and products of many rows cost several times float32's."""
+    flags = set(_cpuinfo()[1])
+    if dtype == torch.bfloat16:
+        return bool(flags & {"avx512_bf16", "amx_bf16"})
+    if dtype == torch.float16:
+        return bool(flags & {"avx512_fp16", "amx_fp16"})
+    return True
 
 
 def machine_key() -> str:

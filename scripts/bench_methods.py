@@ -10,10 +10,14 @@ drift of a shared machine falls on all alike. ``--generate`` adds Hugging Face
 ``model.generate(do_sample=False)`` as an outside reference. Writes one answer file per
 method under --out, checks that all produced the same tokens, and prints the speed
 table (evaluation.speed) against the baseline and, with --generate, against generate.
-Each method is its overrides, the engine included: ``"method=tr engine=hf"`` runs TR on
-the reference engine. ``--phases`` also splits every method's step time into forward,
-drafting (propose), acceptance, update and cache commit (``methods.decode.PhaseTimer``;
-on a GPU its synchronisations slow the run a little).
+Each method is its overrides, the engine and the model included: ``"method=tr engine=hf"``
+runs TR on the reference engine, ``"method=tr model.dtype=bfloat16"`` on a second copy of
+the model in bf16 (one model is loaded per distinct model setting). Each method's tokens
+are compared with the first method of its own model setting; every divergence is
+classified by re-running the model (``evaluation.equal``): in fp32 any divergence fails
+(exit 1), in bf16/fp16 only one that is not a near-tie. ``--phases`` also splits every
+method's step time into forward, drafting (propose), acceptance, update and cache commit
+(``methods.decode.PhaseTimer``; on a GPU its synchronisations slow the run a little).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import torch
 from omegaconf import OmegaConf
 
 from evaluation.data import load_bench
-from evaluation.equal import compare
+from evaluation.equal import NEAR_TIE, compare, explain
 from evaluation.errors import exit_on_error
 from evaluation.models import load_model
 from evaluation.answers import ANSWERS, SUMMARY, folder_lock, write_json_atomic
@@ -37,6 +41,7 @@ from evaluation.paths import RESULTS
 from evaluation.run import Runner, compose_config, environment, model_spec
 from evaluation.speed import markdown, speed_table
 from methods.decode import Generation, PhaseTimer
+from methods.machine import describe
 
 GENERATE = "generate"
 PHASES = ("forward", "propose", "accept", "update", "commit")  # methods.decode's loop
@@ -80,12 +85,19 @@ def bench(args, out: Path) -> int:
     b = cfgs[0].bench
     questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
-    loaded = load_model(model_spec(cfgs[0]))
-    runners = {label: Runner(cfg, loaded) for label, cfg in zip(labels, cfgs)}
-    run_cfgs = dict(zip(labels, cfgs))
+    models: dict[str, tuple] = {}  # one model per distinct spec ("method=vanilla model.dtype=bfloat16" loads another)
+    runners, run_cfgs, same_model = {}, dict(zip(labels, cfgs)), {}
+    for label, cfg in zip(labels, cfgs):
+        key = repr(model_spec(cfg))
+        if key not in models:
+            models[key] = load_model(model_spec(cfg))
+        runners[label] = Runner(cfg, models[key])
+        same_model.setdefault(key, []).append(label)
+    loaded = next(iter(models.values()))
     if args.generate:
         run_cfgs[GENERATE] = compose_config(common + ["method=vanilla"])
         runners[GENERATE] = GenerateRunner(run_cfgs[GENERATE], loaded)
+        same_model[repr(model_spec(cfgs[0]))].append(GENERATE)
     for r in runners.values():
         for _ in range(args.warmup):
             r.answer(questions[0])
@@ -102,33 +114,43 @@ def bench(args, out: Path) -> int:
             rec["method"] = label
             records[label].append(rec)
     session = uuid.uuid4().hex
-    env = environment(loaded[2], next(loaded[0].parameters()).dtype)  # one process: one environment
     for label, recs in records.items():
         (out / label).mkdir(parents=True, exist_ok=True)
         tmp = out / label / (ANSWERS + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
         os.replace(tmp, out / label / ANSWERS)
         r = runners[label]
+        OmegaConf.save(run_cfgs[label], out / label / "config.yaml", resolve=True)  # evaluation.equal rebuilds from it
         write_json_atomic(out / label / SUMMARY, {
             "status": "finished", "model": r.spec.name, "method": GENERATE if label == GENERATE else r.method,
             "bench": b.name,
-            "questions": len(questions), "side_by_side": labels + ([GENERATE] if args.generate else []),
+            "questions": len(questions), "side_by_side": list(runners),
             "session": session,  # one process: evaluation.report knows these runs were timed side by side
             "config": OmegaConf.to_container(run_cfgs[label], resolve=True),
-            "environment": env,
+            "environment": environment(r.device, next(r.model.parameters()).dtype),
+            "engine": r.engine.summary(),
             "method_state": r.proposer.summary()})
     unequal = []
-    for label in records:
-        _, total, mismatches, _ = compare(records[labels[0]], records[label])
-        print(f"{label}: {total - len(mismatches)}/{total} turns token-identical to {labels[0]}")
-        if mismatches:
-            unequal.append(label)
-    print(f"\n{len(questions)} questions, {b.max_new_tokens} new tokens, {loaded[2]}, "
-          f"{torch.get_num_threads()} threads; speedup against {labels[0]}:")
+    for group in same_model.values():  # each method against the first of its own model (and dtype)
+        ref = group[0]
+        for label in group:
+            mismatches, fails, verdict = lossless(out, ref, label, records)
+            if fails:
+                unequal.append((ref, label))
+            print(f"{label}: {verdict}")
+            for m in mismatches:
+                print("    " + m.describe())
+    env = environment(loaded[2], next(loaded[0].parameters()).dtype)
+    print(f"\n{len(questions)} questions, {b.max_new_tokens} new tokens, {loaded[2]} "
+          f"({describe(env['cpu'])}); speedup against {labels[0]}:")
     table = speed_table([str(out / label) for label in records], str(out / labels[0]))
     print(markdown(table))
     table.to_csv(out / "speed.csv", index=False)
     (out / "speed.md").write_text(markdown(table) + "\n")
+    for group in list(same_model.values())[1:]:  # another dtype or model: also against its own first method
+        print(f"\nagainst {group[0]}:")
+        vs = speed_table([str(out / label) for label in group], str(out / group[0]))
+        print(markdown(vs[vs["task"] == "overall"]))
     if args.generate:
         print(f"\nagainst {GENERATE}:")
         vs = speed_table([str(out / label) for label in records], str(out / GENERATE))
@@ -141,10 +163,26 @@ def bench(args, out: Path) -> int:
         split.to_csv(out / "phases.csv", index=False)
     print(f"-> {out}")
     if unequal:
-        print(f"NOT LOSSLESS: {', '.join(unequal)} differ from {labels[0]} (python -m evaluation.equal "
-              f"{out / labels[0]} {out / unequal[0]} says where and why)")
+        ref, label = unequal[0]
+        print(f"NOT LOSSLESS: {', '.join(b for _, b in unequal)} differ(s) from greedy beyond near-ties "
+              f"(python -m evaluation.equal {out / ref} {out / label} says where and why)")
         return 1
     return 0
+
+
+def lossless(out: Path, ref: str, label: str, records: dict) -> tuple[list, bool, str]:
+    """(the divergences, whether they break losslessness, a one-line verdict) for ``label`` against ``ref`` (same
+    model, same dtype). Each divergence is classified by re-running the model (``evaluation.equal.explain``); in
+    fp32 every one counts, in reduced precision only those that are not near-ties."""
+    same, total, mismatches, _ = compare(records[ref], records[label])
+    verdict = f"{same}/{total} turns token-identical to {ref}"
+    if not mismatches:
+        return [], False, verdict
+    dtype = explain(out / ref, records[ref], mismatches)
+    first = [m for m in mismatches if not (m.kind or "").startswith("follows")]
+    ties = sum(m.kind == NEAR_TIE for m in first)
+    verdict += f"; {len(first)} divergence(s) in {dtype}, {ties} of them near-ties"
+    return mismatches, dtype == "float32" or ties < len(first), verdict
 
 
 def phase_table(runners: dict, records: dict):

@@ -23,3 +23,29 @@ def test_side_by_side_with_generate_and_phases(tmp_path, capsys):
     assert ((shares - 100).abs() < 1e-6).all()
     # TR's 24 tokens come from its steps alone (its first step is a tree, no prefill step): some commit several
     assert phases.loc["tr", "steps"] < 24
+
+
+def test_a_method_in_another_dtype_is_checked_against_its_own_vanilla(tmp_path, capsys):
+    """"method=... model.dtype=bfloat16" loads a second model; its methods are compared with the first method of
+    that model (bf16 vanilla), never with fp32's tokens, and every divergence is classified."""
+    import json
+
+    from methods import machine
+
+    out = tmp_path / "bench"
+    rc = main(["method=vanilla", "method=vanilla model.dtype=bfloat16", "method=pld model.dtype=bfloat16",
+               "--bench", "spec_bench_smoke", "--warmup", "0", "--set", "bench.question_ids=[321,401]",
+               "bench.max_new_tokens=12", "--out", str(out)])
+    text = capsys.readouterr().out
+    bf16, pld = "vanilla,model.dtype=bfloat16", "pld,model.dtype=bfloat16"
+    assert f"{bf16}: 2/2 turns token-identical to {bf16}" in text
+    verdict = next(line for line in text.splitlines() if line.startswith(f"{pld}: "))
+    assert f"turns token-identical to {bf16}" in verdict
+    if not verdict.startswith(f"{pld}: 2/2"):  # a divergence in bf16: classified, and only a real one fails
+        assert "divergence(s) in bfloat16" in verdict and "of them near-ties" in verdict
+    assert rc == (1 if "NOT LOSSLESS" in text else 0)
+    for label, dtype in (("vanilla", "float32"), (bf16, "bfloat16"), (pld, "bfloat16")):
+        summary = json.loads((out / label / "summary.json").read_text())
+        assert summary["environment"]["dtype"] == dtype and summary["environment"]["cpu"] == machine.cpu()
+        assert (out / label / "config.yaml").is_file()  # evaluation.equal rebuilds the model from it
+    assert f"against {bf16}:" in text and machine.describe(machine.cpu()) in text

@@ -289,6 +289,11 @@ def test_reduced_precision_and_a_short_context_are_said_at_the_start(tmp_path):
     assert "WARNING: bfloat16: in reduced precision a method's tokens equal vanilla greedy's only up to " \
            "near-ties" in p.stderr
     assert "WARNING: bench.max_new_tokens=64 does not fit smollm2-135m's context of 64 tokens" in p.stderr
+    # A CPU without bf16 instructions emulates it: trees cost far more there (README, 'By machine kind').
+    from methods import machine
+
+    emulated = "has no native instructions for it (AVX512-BF16/FP16 or AMX)" in p.stderr
+    assert emulated == (not machine.native(torch.bfloat16))
     assert "WARNING" not in cli(*run_args(tmp_path / "fp32", "bench.question_ids=[161]")).stderr
 
 

@@ -58,14 +58,16 @@ def test_refused_merges(runs, tmp_path):
         merge(shards[:1], tmp_path / "m1")
     with pytest.raises(HarnessError, match="shard 0 of 2 is given twice"):
         merge([shards[0], shards[0]], tmp_path / "m2")
-    with pytest.raises(HarnessError, match="are shards of different runs: runtime.num_shards is 1 in the first but 2 in the second"):
+    with pytest.raises(HarnessError, match="are shards of different runs: runtime.num_shards is 1 in the first but 2 "
+                                           "in the second"):
         merge([shards[0], single], tmp_path / "m3")
     other = tmp_path / "other"
     shutil.copytree(shards[1], other)
     s = json.loads((other / "summary.json").read_text())
     s["config"]["method"]["k"] = 4
     (other / "summary.json").write_text(json.dumps(s))
-    with pytest.raises(HarnessError, match="are shards of different runs: method.k is 4 in the first but 8 in the second"):
+    with pytest.raises(HarnessError, match="are shards of different runs: method.k is 4 in the first but 8 in "
+                                           "the second"):
         merge([shards[0], other], tmp_path / "m4")
     s["config"]["method"]["k"] = 8
     s["status"] = "running"
