@@ -48,7 +48,7 @@ def test_responses_are_stored_by_prompt_and_only_new_prompts_are_generated(tmp_p
     model, tok, spec = embedded
     store, prompts = tmp_path / "responses.pt", ["Name a color.", "Say hello.", "Count to three."]
     seqs, starts = respond(model, tok, spec, prompts[:2], 6, 2, torch.device("cpu"), store)
-    kept = torch.load(store)
+    kept = torch.load(store, weights_only=True)
     assert list(kept) == sorted(prompts[:2], key=len) and [s[n:] for s, n in zip(seqs, starts)] == [kept[p] for p in prompts[:2]]
     kept[prompts[0]] = [7, 8]  # a stored answer is read back, not regenerated
     torch.save(kept, store)
