@@ -25,7 +25,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from evaluation.errors import HarnessError, read_json, read_jsonl
+from methods.common import RESULTS, HarnessError, read_json, read_jsonl
 
 ANSWERS = "answers.jsonl"
 SUMMARY = "summary.json"
@@ -189,8 +189,6 @@ def _remove_new_folder(folder: Path) -> None:
     makes a run's folder, and its parents, before the config can be checked)."""
     import shutil
 
-    from evaluation.paths import RESULTS
-
     shutil.rmtree(folder, ignore_errors=True)
     results = RESULTS.resolve()
     for parent in folder.resolve().parents:
@@ -200,39 +198,3 @@ def _remove_new_folder(folder: Path) -> None:
             parent.rmdir()  # only when empty
         except OSError:
             break
-
-
-def load_torch_safe(path: Path, map_location=None):
-    """``torch.load`` of a file of tensors and plain containers only (``weights_only=True``, whatever
-    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says): a file holding code is refused, not run."""
-    import pickle
-
-    import torch
-
-    try:
-        with open(path, "rb") as f:
-            return torch.load(f, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        raise HarnessError(f"{path} holds more than tensors, so it was not loaded ({first[:120]}); delete it if "
-                           f"this harness did not write it") from None
-    except (RuntimeError, EOFError) as e:
-        raise HarnessError(f"{path} is not a readable tensor file ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0][:120] if str(e) else 'truncated'}); delete it to start "
-                           f"over") from None
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def save_torch_atomic(path: Path, obj) -> None:
-    """``torch.save`` that a kill cannot leave half-written (the folder is made if missing)."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)

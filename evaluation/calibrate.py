@@ -19,7 +19,7 @@ import time
 import torch
 
 from evaluation.own_prompts import calibration_prompts
-from evaluation.paths import CACHE, ROOT
+from methods.common import CACHE, ROOT
 from evaluation.prompts import prompt_ids
 from methods.autotree import MAX_DEPTH, acceptance_table, choose_tree, cost_curve, measure_cost
 from methods.base import build_proposer

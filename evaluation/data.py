@@ -8,8 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.errors import HarnessError, read_jsonl
-from evaluation.paths import CACHE, SHARED
+from methods.common import CACHE, SHARED, HarnessError, atomic, read_jsonl
 
 SPEC_BENCH_URL = (
     "https://raw.githubusercontent.com/hemingkx/Spec-Bench/"
@@ -46,24 +45,20 @@ def fetch_spec_bench() -> Path:
     """The pinned question file in the project cache: copied from ../shared when present, else downloaded."""
     if CACHED.exists():
         return CACHED
-    CACHED.parent.mkdir(parents=True, exist_ok=True)
-    tmp = CACHED.with_suffix(".tmp")
-    if SHARED_COPY.exists():
-        shutil.copyfile(SHARED_COPY, tmp)
-    else:
-        try:
-            with urllib.request.urlopen(SPEC_BENCH_URL, timeout=60) as r:
-                tmp.write_bytes(r.read())
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
+    with atomic(CACHED) as tmp:
+        if SHARED_COPY.exists():
+            shutil.copyfile(SHARED_COPY, tmp)
+        else:
+            try:
+                with urllib.request.urlopen(SPEC_BENCH_URL, timeout=60) as r:
+                    tmp.write_bytes(r.read())
+            except OSError as e:
+                raise HarnessError(
+                    f"Spec-Bench questions are not cached and the download failed ({e}); put question.jsonl "
+                    f"at {CACHED} (its address: {SPEC_BENCH_URL}) or pass bench.path=FILE") from None
+        if sha256(tmp) != SPEC_BENCH_SHA256:
             raise HarnessError(
-                f"Spec-Bench questions are not cached and the download failed ({e}); put question.jsonl "
-                f"at {CACHED} (its address: {SPEC_BENCH_URL}) or pass bench.path=FILE") from None
-    if sha256(tmp) != SPEC_BENCH_SHA256:
-        tmp.unlink()
-        raise HarnessError(
-            f"the Spec-Bench file fetched for {CACHED} has the wrong sha256; expected {SPEC_BENCH_SHA256}")
-    tmp.replace(CACHED)
+                f"the Spec-Bench file fetched for {CACHED} has the wrong sha256; expected {SPEC_BENCH_SHA256}")
     return CACHED
 
 

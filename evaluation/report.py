@@ -33,9 +33,8 @@ import pandas as pd
 
 from evaluation.answers import ANSWERS, SUMMARY, read_answers, separate_runs_note
 from evaluation.data import TASKS
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import RESULTS, HarnessError, exit_on_error
 from evaluation.metrics import OVERALL, accept_histogram, repeat_table
-from evaluation.paths import RESULTS
 
 BASELINE = "vanilla"
 TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",

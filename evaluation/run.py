@@ -11,7 +11,6 @@ and Ctrl-C keeps every finished answer (exit 130, summary ``interrupted``).
 """
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys
@@ -26,13 +25,12 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.answers import (ANSWERS, SUMMARY, AnswerWriter, first_difference, folder_lock, load_torch_safe,
-                                save_torch_atomic, write_json_atomic)
+from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, first_difference, folder_lock
 from evaluation.data import Question, load_bench, shard
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import (ROOT, HarnessError, atomic, exit_on_error, load_torch_safe, save_torch_atomic,
+                            write_json_atomic)
 from evaluation.models import (ModelSpec, claim_device, cpu_fallback, load_model, max_context, release_devices,
                                stop_token_ids)
-from evaluation.paths import ROOT
 from evaluation.prompts import check_template, describe, prompt_ids
 from methods import machine
 from methods.base import build_proposer
@@ -254,9 +252,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
                 f"{out} holds a run with another configuration ({mismatch}); rerun with its settings to resume "
                 f"it, choose another folder with hydra.run.dir=DIR, or delete it to start over")
     writer = AnswerWriter(out / ANSWERS)  # a bad line is refused here, before the model loads
-    tmp = config_file.with_name(config_file.name + ".tmp")
-    OmegaConf.save(cfg, tmp, resolve=True)
-    os.replace(tmp, config_file)
+    with atomic(config_file) as tmp:
+        OmegaConf.save(cfg, tmp, resolve=True)
     spec, claim = model_spec(cfg), None
     if cfg.runtime.get("exclusive_device", False):  # parallel local jobs: one device each (conf/cluster/)
         spec, claim = claim_device(spec)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import HarnessError, exit_on_error
 from evaluation.metrics import task_table
 
 COLUMNS = {

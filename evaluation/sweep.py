@@ -18,7 +18,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 
 from evaluation.answers import ANSWERS, SUMMARY, read_answers
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import HarnessError, exit_on_error
 from evaluation.metrics import OVERALL, task_table
 from evaluation.speed import markdown
 

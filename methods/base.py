@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from methods.common import HarnessError
 from methods.tree import Tree
 
 
@@ -88,10 +89,6 @@ class Proposer:
         return {}
 
 
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the fix."""
-
-
 _REGISTRY: dict[str, type] = {}
 
 
@@ -113,10 +110,10 @@ def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.de
     """
     known = known_methods()
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown method '{name}'; known: {', '.join(known)}")
+        raise HarnessError(f"unknown method '{name}'; known: {', '.join(known)}")
     cls = _REGISTRY[name]
     if cls.needs_target:
         if target is None:
-            raise ConfigError(f"method '{name}' drafts with the target model's own layers; build it with target=")
+            raise HarnessError(f"method '{name}' drafts with the target model's own layers; build it with target=")
         return cls.build(params, vocab_size=vocab_size, device=device, target=target)
     return cls.build(params, vocab_size=vocab_size, device=device)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import Proposer
-from methods.engine import Engine, HFEngine, sync
+from methods.engine import Engine, HFEngine
+from methods.ops import sync
 from methods.verify import verify
 
 

@@ -41,10 +41,11 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from methods import hub, kv
-from methods.base import ConfigError, Draft, Proposer, Verification, register
-from methods.engine import Linear, can_pack, fp32_rotary
-from methods.tree import Tree, load_template
-from methods.verify import additive_mask
+from methods.base import Draft, Proposer, Verification, register
+from methods.common import HarnessError
+from methods.ops import Linear, can_pack, fp32_rotary
+from methods.tree import Tree, additive_mask, load_template
+
 
 # Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.
 IGNORED = ("embed_tokens.weight", "rotary_emb.inv_freq")
@@ -104,7 +105,7 @@ def _find(head: str) -> Path:
     if isinstance(where, str):
         return hub.download(where, "method.head", ["config.json", "*.bin", "*.safetensors"])
     if not where.is_dir():
-        raise ConfigError(f"method.head={head} is a file; give the folder holding its config.json and "
+        raise HarnessError(f"method.head={head} is a file; give the folder holding its config.json and "
                           f"pytorch_model.bin or model.safetensors")
     return where
 
@@ -114,11 +115,11 @@ def load_head(head: str, target_config) -> EagleHead:
     folder = _find(head)
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise ConfigError(f"EAGLE head {folder} has no config.json")
+        raise HarnessError(f"EAGLE head {folder} has no config.json")
     raw = json.loads(config_file.read_text())
     if raw.get("hidden_size") != target_config.hidden_size or raw.get("vocab_size", target_config.vocab_size) \
             != target_config.vocab_size:
-        raise ConfigError(f"EAGLE head {folder} is for hidden size {raw.get('hidden_size')} and vocabulary "
+        raise HarnessError(f"EAGLE head {folder} is for hidden size {raw.get('hidden_size')} and vocabulary "
                           f"{raw.get('vocab_size')}, the target has {target_config.hidden_size} and "
                           f"{target_config.vocab_size}: give the head trained for this model")
     config = head_config(target_config, **{k: raw[k] for k in (
@@ -132,18 +133,18 @@ def load_head(head: str, target_config) -> EagleHead:
     elif (folder / "pytorch_model.bin").is_file():
         state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
-        raise ConfigError(f"EAGLE head {folder} has neither model.safetensors nor pytorch_model.bin")
+        raise HarnessError(f"EAGLE head {folder} has neither model.safetensors nor pytorch_model.bin")
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED)}
     want = expected_shapes(config, bias)
     missing = sorted(set(want) - set(state))
     if missing:
-        raise ConfigError(f"EAGLE head {folder} lacks {', '.join(missing)}: not a checkpoint in EAGLE's layout")
+        raise HarnessError(f"EAGLE head {folder} lacks {', '.join(missing)}: not a checkpoint in EAGLE's layout")
     unknown = sorted(set(state) - set(want))
     if unknown:
-        raise ConfigError(f"EAGLE head {folder} has keys this head does not know: {', '.join(unknown[:5])}")
+        raise HarnessError(f"EAGLE head {folder} has keys this head does not know: {', '.join(unknown[:5])}")
     for key, shape in want.items():
         if tuple(state[key].shape) != shape:
-            raise ConfigError(f"EAGLE head {folder}: {key} has shape {tuple(state[key].shape)}, but the target "
+            raise HarnessError(f"EAGLE head {folder}: {key} has shape {tuple(state[key].shape)}, but the target "
                               f"(hidden size {target_config.hidden_size}) needs {shape}")
     model = EagleHead(config, bias)
     model.load_state_dict(state, strict=False)  # the rotary buffer is not in a checkpoint
@@ -183,12 +184,12 @@ class _Eagle(Proposer):
         seed = params.pop("seed", 0)
         extra = {k: params.pop(k) for k in cls.PARAMS if k in params}
         if params:
-            raise ConfigError(f"method '{cls.name}' has no parameter(s) {', '.join(sorted(params))}; "
+            raise HarnessError(f"method '{cls.name}' has no parameter(s) {', '.join(sorted(params))}; "
                               f"known: head, topk, seed, {', '.join(cls.PARAMS)}")
         if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 64:
-            raise ConfigError(f"method.topk must be an integer from 1 to 64, got {width!r}")
+            raise HarnessError(f"method.topk must be an integer from 1 to 64, got {width!r}")
         if not head_name:
-            raise ConfigError(f"method '{cls.name}' needs a draft head and the model config names none: give "
+            raise HarnessError(f"method '{cls.name}' needs a draft head and the model config names none: give "
                               f"method.head=PATH (a folder in EAGLE's layout, or a hub id), train one with "
                               f"python -m scripts.train_eagle, or method.head=random (lossless, slow)")
         head = random_head(target.config, seed) if head_name == "random" else load_head(str(head_name), target.config)
@@ -238,7 +239,7 @@ class Eagle(_Eagle):
         super().__init__(head, target, width, head_name, device)
         self.tree, self.tree_name = load_template(str(tree)).to(device), str(tree)
         if int(self.tree.rank.max()) >= width:
-            raise ConfigError(f"tree '{tree}' uses ranks up to {int(self.tree.rank.max())}, which needs "
+            raise HarnessError(f"tree '{tree}' uses ranks up to {int(self.tree.rank.max())}, which needs "
                               f"method.topk > {int(self.tree.rank.max())} (got {width})")
         parents, depth = self.tree.parents, self.tree.depth.tolist()
         with_children = set(parents[1:])
@@ -290,7 +291,7 @@ class Eagle2(_Eagle):
         super().__init__(head, target, width, head_name, device)
         for key, value, low in (("depth", depth, 1), ("total_tokens", total_tokens, 2)):
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
-                raise ConfigError(f"method.{key} must be an integer from {low} to 1024, got {value!r}")
+                raise HarnessError(f"method.{key} must be an integer from {low} to 1024, got {value!r}")
         self.depth, self.total = depth, total_tokens
 
     def propose(self, context: torch.Tensor) -> Draft:

@@ -44,41 +44,18 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from methods import kv
-from methods.base import ConfigError
-from methods.tree import Tree
-from methods.verify import tree_mask
+from methods.common import CACHE, HarnessError, write_json_atomic
+from methods.ops import Linear, can_pack, fp32_rotary, rotate_half, sync
+from methods.tree import Tree, tree_mask
 
 ENGINES = ("hf", "static")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-INDUCTOR_CACHE = Path(__file__).resolve().parents[1] / "data" / "cache" / "inductor"
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work (timing on a GPU); nothing to wait for on a CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def fp32_rotary(module: torch.nn.Module) -> torch.nn.Module:
-    """Give every rotary embedding in ``module`` fp32 frequencies again, recomputed from its config.
-
-    ``module.half()`` (or ``.to(float16)``) casts the ``inv_freq`` buffers too; the rotary angle
-    ``position * inv_freq`` is then off by about 0.24 rad at position 1000 with head_dim 128. transformers
-    computes them in fp32 when it loads a model in any dtype; this restores that after a cast.
-    """
-    for m in module.modules():
-        inv = getattr(m, "inv_freq", None)
-        if isinstance(inv, torch.Tensor) and inv.dtype != torch.float32 and hasattr(m, "config"):
-            fresh = type(m)(m.config)  # computed on the CPU in fp32
-            for name, buffer in fresh.named_buffers(recurse=False):
-                setattr(m, name, buffer.to(inv.device))
-    return module
+INDUCTOR_CACHE = CACHE / "inductor"
 
 
 class Engine:
@@ -181,35 +158,6 @@ class HFEngine(Engine):
         kv.commit(self.cache, start, path)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-class Linear:
-    """``x @ W.T + b``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN (``can_pack``) when ``pack``
-    (``use_packed`` switches between the two while ``choose_pack`` times them)."""
-
-    def __init__(self, layer: torch.nn.Linear, pack: bool):
-        self.weight, self.bias = layer.weight, layer.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach()) if pack else None
-        self.use_packed = pack
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.use_packed:
-            return F.linear(x, self.weight, self.bias)
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
-        return y.view(*x.shape[:-1], y.shape[-1])
-
-
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN can pack weights on this CPU: float32 anywhere, bfloat16 only where the CPU has the instructions
-    (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has neither, and oneDNN refuses)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 class _Layer:
     """One Llama decoder layer on 2-D activations [n, hidden]."""
 
@@ -231,7 +179,7 @@ class _Layer:
         q = self.q(h).view(n, self.heads, self.head_dim).transpose(0, 1)
         k = self.k(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
         v = self.v(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def attend(self, q, keys, values, mask):
         if self.expand:
@@ -274,13 +222,13 @@ class StaticEngine(Engine):
         super().__init__(model)
         cfg = model.config
         if cfg.model_type != "llama":
-            raise ConfigError(f"engine=static runs Llama-architecture models; this one is '{cfg.model_type}'. "
+            raise HarnessError(f"engine=static runs Llama-architecture models; this one is '{cfg.model_type}'. "
                               f"Use engine=hf")
         auto = pack is None
         if auto:
             pack = can_pack(self.device, self.dtype)
         elif pack and not can_pack(self.device, self.dtype):
-            raise ConfigError(f"engine.pack=true needs the CPU with float32 or bfloat16 and oneDNN (bfloat16: a "
+            raise HarnessError(f"engine.pack=true needs the CPU with float32 or bfloat16 and oneDNN (bfloat16: a "
                               f"CPU with AVX-512 or AVX-NE-CONVERT); here {self.device.type}, {self.dtype}. Set "
                               f"engine.pack=auto")
         inner = model.model
@@ -435,7 +383,7 @@ class StaticEngine(Engine):
 PACK_SIZES = (1, 8, 32)  # tokens per forward timed by choose_pack: a plain step, a small and a large draft
 PACK_CONTEXT = 128  # cached tokens while timing
 PACK_REPEATS = 5
-PACK_CACHE = Path(os.environ.get("HARNESS_CACHE", Path(__file__).resolve().parents[1] / "data" / "cache")) / "engine"
+PACK_CACHE = CACHE / "engine"
 
 
 @torch.inference_mode()
@@ -490,10 +438,7 @@ def choose_pack(engine: "StaticEngine") -> dict:
               "measured": {"sizes": list(PACK_SIZES), "context": PACK_CONTEXT, "fastest_of": PACK_REPEATS,
                            "seconds": round(time.perf_counter() - t0, 1)}}
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(choice, indent=1) + "\n")
-        tmp.replace(file)
+        write_json_atomic(file, choice, indent=1)
     except OSError:
         pass  # a read-only cache: measured again next time
     return choice
@@ -505,21 +450,21 @@ def build_engine(model, params: dict | None = None) -> Engine:
     name = params.pop("name", "hf")
     if name == "hf":
         if params:
-            raise ConfigError(f"engine 'hf' has no parameter(s) {', '.join(sorted(params))}")
+            raise HarnessError(f"engine 'hf' has no parameter(s) {', '.join(sorted(params))}")
         return HFEngine(model)
     if name == "static":
         pack, compile_ = params.pop("pack", "auto"), params.pop("compile", False)
         mode = params.pop("compile_mode", "default")
         if params:
-            raise ConfigError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack, "
+            raise HarnessError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack, "
                               f"compile, compile_mode")
         if pack not in ("auto", True, False):
-            raise ConfigError(f"engine.pack must be auto, true or false, got {pack!r}")
+            raise HarnessError(f"engine.pack must be auto, true or false, got {pack!r}")
         if compile_ not in (True, False):
-            raise ConfigError(f"engine.compile must be true or false, got {compile_!r}")
+            raise HarnessError(f"engine.compile must be true or false, got {compile_!r}")
         if mode not in COMPILE_MODES:
-            raise ConfigError(f"engine.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+            raise HarnessError(f"engine.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
         if compile_:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
         return StaticEngine(model, pack=None if pack == "auto" else pack, compile=compile_, mode=mode)
-    raise ConfigError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")
+    raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")

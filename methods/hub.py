@@ -18,21 +18,20 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
 
-from methods.base import ConfigError
+from methods.common import ROOT, HarnessError
 
-ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def locate(ref: str, setting: str) -> Path | str:
-    """A folder on disk (a ``Path``) or a hub id (a ``str``); neither: a ``ConfigError`` naming ``setting``."""
+    """A folder on disk (a ``Path``) or a hub id (a ``str``); neither: a ``HarnessError`` naming ``setting``."""
     path = Path(ref).expanduser()
     for candidate in (path,) if path.is_absolute() else (path, ROOT / path):
         if candidate.exists():
             return candidate.absolute()
     if HUB_ID.fullmatch(ref):
         return ref
-    raise ConfigError(f"{setting}={ref}: no such folder here, and not a hub id (owner/name); set {setting}=PATH "
+    raise HarnessError(f"{setting}={ref}: no such folder here, and not a hub id (owner/name); set {setting}=PATH "
                       f"to a folder with config.json")
 
 
@@ -58,14 +57,14 @@ def in_cache(repo: str) -> bool:
     return isinstance(try_to_load_from_cache(repo, "config.json"), str)
 
 
-def not_cached(repo: str, setting: str) -> ConfigError:
+def not_cached(repo: str, setting: str) -> HarnessError:
     why = ("no network here: run `hf download " + repo + "` where there is one and bring the folder (or the hub "
            "cache, HF_HUB_CACHE)") if offline() else "the hub could not send it: check the name and the network"
-    return ConfigError(f"the checkpoint is not in the local cache: download {repo} or set {setting}=PATH ({why})")
+    return HarnessError(f"the checkpoint is not in the local cache: download {repo} or set {setting}=PATH ({why})")
 
 
-def gated(repo: str, setting: str) -> ConfigError:
-    return ConfigError(f"the hub refused {repo}: it is gated; accept its licence on huggingface.co and log in "
+def gated(repo: str, setting: str) -> HarnessError:
+    return HarnessError(f"the hub refused {repo}: it is gated; accept its licence on huggingface.co and log in "
                        f"(`hf auth login`), or set {setting}=PATH to a local copy")
 
 

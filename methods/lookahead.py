@@ -52,7 +52,8 @@ from functools import lru_cache
 
 import torch
 
-from methods.base import ConfigError, Draft, Proposer, Verification, register
+from methods.base import Draft, Proposer, Verification, register
+from methods.common import HarnessError
 from methods.tree import Tree
 
 
@@ -105,14 +106,14 @@ class Lookahead(Proposer):
         values = {"level": params.pop("level", 5), "window": params.pop("window", 7), "guess": params.pop("guess", 7)}
         bonus = params.pop("reference_bonus", False)
         if params:
-            raise ConfigError(f"method 'lookahead' has no parameter(s) {', '.join(sorted(params))}; "
+            raise HarnessError(f"method 'lookahead' has no parameter(s) {', '.join(sorted(params))}; "
                               f"known: level, window, guess, reference_bonus")
         lowest = {"level": 3, "window": 2, "guess": 0}
         for key, value in values.items():
             if not isinstance(value, int) or isinstance(value, bool) or not lowest[key] <= value <= 64:
-                raise ConfigError(f"method.{key} must be an integer from {lowest[key]} to 64, got {value!r}")
+                raise HarnessError(f"method.{key} must be an integer from {lowest[key]} to 64, got {value!r}")
         if bonus not in (True, False):
-            raise ConfigError(f"method.reference_bonus must be true or false, got {bonus!r}")
+            raise HarnessError(f"method.reference_bonus must be true or false, got {bonus!r}")
         return cls(values["level"], values["window"], values["guess"], bonus, device)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,

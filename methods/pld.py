@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from methods.base import ConfigError, Draft, Proposer, register
+from methods.base import Draft, Proposer, register
+from methods.common import HarnessError
 from methods.tree import Tree
 
 RULES = ("spec_bench", "transformers")
@@ -64,13 +65,13 @@ class PromptLookup(Proposer):
         num_pred = params.pop("num_pred_tokens", 10)
         match = params.pop("match", "spec_bench")
         if params:
-            raise ConfigError(f"method 'pld' has no parameter(s) {', '.join(sorted(params))}; "
+            raise HarnessError(f"method 'pld' has no parameter(s) {', '.join(sorted(params))}; "
                               f"known: max_ngram, num_pred_tokens, match")
         if match not in RULES:
-            raise ConfigError(f"method.match must be one of {', '.join(RULES)}, got {match!r}")
+            raise HarnessError(f"method.match must be one of {', '.join(RULES)}, got {match!r}")
         for key, value in (("max_ngram", max_ngram), ("num_pred_tokens", num_pred)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
-                raise ConfigError(f"method.{key} must be an integer from 1 to 256, got {value!r}")
+                raise HarnessError(f"method.{key} must be an integer from 1 to 256, got {value!r}")
         return cls(max_ngram, num_pred, match)
 
     def propose(self, context: torch.Tensor) -> Draft:

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from methods.base import ConfigError, Draft, Proposer, Verification, register
+from methods.base import Draft, Proposer, Verification, register
+from methods.common import HarnessError
 from methods.tree import Tree, TreeError, load_template
 
 STARTS = ("hot", "cold", "prompt")
@@ -115,14 +116,14 @@ class TokenRecycling(Proposer):
         fit = params.pop("fit_tree_to_k", False)
         first_step = params.pop("first_step", "tree")
         if params:
-            raise ConfigError(f"method 'tr' has no parameter(s) {', '.join(sorted(params))}; "
+            raise HarnessError(f"method 'tr' has no parameter(s) {', '.join(sorted(params))}; "
                               f"known: k, tree, start, fit_tree_to_k, first_step")
         if first_step not in FIRST_STEPS:
-            raise ConfigError(f"method.first_step must be one of {', '.join(FIRST_STEPS)}, got {first_step!r}")
+            raise HarnessError(f"method.first_step must be one of {', '.join(FIRST_STEPS)}, got {first_step!r}")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(vocab_size, 1024):
-            raise ConfigError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
+            raise HarnessError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
         if start not in STARTS:
-            raise ConfigError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")
+            raise HarnessError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")
         if tree_name == AUTO:  # a plain step until evaluation.calibrate sets the chosen tree
             return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device, first_step)
         tree = load_template(str(tree_name))

@@ -28,10 +28,12 @@ from pathlib import Path
 
 import torch
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "trees"
+from methods.common import DATA, HarnessError
+
+TEMPLATES = DATA / "trees"
 
 
-class TreeError(ValueError):
+class TreeError(HarnessError):
     """A parent array that does not describe a breadth-first tree."""
 
 
@@ -237,3 +239,16 @@ def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int, 
         index[path] = len(parents)
         parents.append(index[path[:-1]])
     return Tree.from_parents(parents)
+
+
+def additive_mask(allowed: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, n, past + m] additive mask: every row sees the first ``past`` entries, then those ``allowed`` [n, m]."""
+    n, m = allowed.shape
+    mask = torch.zeros(1, 1, n, past + m, dtype=dtype, device=allowed.device)
+    mask[0, 0, :, past:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask
+
+
+def tree_mask(tree: Tree, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, n, past + n] additive mask: 0 where a node may attend (the prefix, its ancestors), else the minimum."""
+    return additive_mask(tree.ancestors, past, dtype)

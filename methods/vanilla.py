@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from methods.base import ConfigError, Draft, Proposer, register
+from methods.base import Draft, Proposer, register
+from methods.common import HarnessError
 from methods.tree import Tree
 
 
@@ -18,7 +19,7 @@ class Vanilla(Proposer):
     @classmethod
     def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "Vanilla":
         if params:
-            raise ConfigError(f"method 'vanilla' takes no parameters, got: {', '.join(params)}")
+            raise HarnessError(f"method 'vanilla' takes no parameters, got: {', '.join(params)}")
         return cls(device)
 
     def propose(self, context: torch.Tensor) -> Draft:

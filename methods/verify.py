@@ -14,19 +14,6 @@ from methods.base import Draft, Verification
 from methods.tree import Tree
 
 
-def additive_mask(allowed: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, past + m] additive mask: every row sees the first ``past`` entries, then those ``allowed`` [n, m]."""
-    n, m = allowed.shape
-    mask = torch.zeros(1, 1, n, past + m, dtype=dtype, device=allowed.device)
-    mask[0, 0, :, past:].masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask
-
-
-def tree_mask(tree: Tree, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, past + n] additive mask: 0 where a node may attend (the prefix, its ancestors), else the minimum."""
-    return additive_mask(tree.ancestors, past, dtype)
-
-
 def greedy(logits: torch.Tensor, k: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(argmax [n], top-k indices [n, k] or None) of ``logits`` [n, vocab].
 

@@ -22,8 +22,6 @@ method's step time into forward, drafting (propose), acceptance, update and cach
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 import uuid
@@ -34,10 +32,9 @@ from omegaconf import OmegaConf
 
 from evaluation.data import load_bench
 from evaluation.equal import NEAR_TIE, compare, explain
-from evaluation.errors import exit_on_error
+from methods.common import RESULTS, exit_on_error, write_json_atomic, write_jsonl_atomic
 from evaluation.models import load_model
-from evaluation.answers import ANSWERS, SUMMARY, folder_lock, write_json_atomic
-from evaluation.paths import RESULTS
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock
 from evaluation.run import Runner, compose_config, environment, model_spec
 from evaluation.speed import markdown, speed_table
 from methods.decode import Generation, PhaseTimer
@@ -115,10 +112,7 @@ def bench(args, out: Path) -> int:
             records[label].append(rec)
     session = uuid.uuid4().hex
     for label, recs in records.items():
-        (out / label).mkdir(parents=True, exist_ok=True)
-        tmp = out / label / (ANSWERS + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        os.replace(tmp, out / label / ANSWERS)
+        write_jsonl_atomic(out / label / ANSWERS, recs)
         r = runners[label]
         OmegaConf.save(run_cfgs[label], out / label / "config.yaml", resolve=True)  # evaluation.equal rebuilds from it
         write_json_atomic(out / label / SUMMARY, {

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from evaluation.data import load_bench
 from evaluation.models import ModelSpec, load_model, stop_token_ids
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from evaluation.prompts import prompt_ids
 from methods.base import build_proposer
 from methods.decode import PhaseTimer, generate

@@ -47,7 +47,8 @@ from evaluation.shapes import random_model  # noqa: E402
 from methods.autotree import choose_tree, cost_curve, measure_cost  # noqa: E402
 from methods.base import build_proposer  # noqa: E402
 from methods.decode import generate  # noqa: E402
-from methods.engine import HFEngine, StaticEngine, sdpa_backend, sdpa_choice, sync  # noqa: E402
+from methods.engine import HFEngine, StaticEngine, sdpa_backend, sdpa_choice  # noqa: E402
+from methods.ops import sync  # noqa: E402
 from methods.tree import Tree  # noqa: E402
 
 METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),

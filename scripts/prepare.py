@@ -3,7 +3,7 @@
     python -m scripts.prepare
 """
 from evaluation.data import fetch_spec_bench
-from evaluation.errors import exit_on_error
+from methods.common import exit_on_error
 from evaluation.models import prepare_embedded
 
 

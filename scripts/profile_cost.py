@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import RESULTS, HarnessError, exit_on_error
 from evaluation.models import load_model
-from evaluation.paths import RESULTS
 from evaluation.report import engine_name
 from evaluation.run import compose_config, environment, model_spec
 from evaluation.shapes import SHAPES, random_model

@@ -18,7 +18,7 @@ import torch
 
 from evaluation.data import load_bench
 from evaluation.equal import TIE_EPS
-from evaluation.errors import exit_on_error
+from methods.common import exit_on_error
 from evaluation.models import load_model
 from evaluation.prompts import prompt_ids
 from evaluation.run import compose_config, model_spec

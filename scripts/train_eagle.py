@@ -41,15 +41,13 @@ from torch.nn import functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from evaluation.answers import load_torch_safe, save_torch_atomic
-from evaluation.errors import HarnessError, exit_on_error
+from methods.common import CACHE, ROOT, HarnessError, exit_on_error, load_torch_safe, save_torch_atomic
 from evaluation.models import load_model
-from evaluation.paths import CACHE, ROOT
 from evaluation.own_prompts import TOPICS, TOPICS_2, more_prompts, training_prompts
 from evaluation.prompts import prompt_ids
 from evaluation.run import compose_config, model_spec
 from methods.eagle import EagleHead, expected_shapes, load_head, random_head
-from methods.verify import additive_mask
+from methods.tree import additive_mask
 
 # Prompts whose answers are long texts: the passages that the summaries and questions are built over.
 PASSAGE_ASKS = ("Write a short blog post", "Explain", "Write a news article", "Write a short story",

@@ -3,7 +3,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from evaluation.models import ModelSpec, load_model
-from evaluation.paths import ROOT
+from methods.common import ROOT
 
 
 @pytest.fixture(scope="session")

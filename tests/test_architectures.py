@@ -4,7 +4,7 @@ base and scaling, tied or untied embeddings all vary between them)."""
 import pytest
 import torch
 
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from evaluation.shapes import LLAMA31_ROPE, SHAPES, tiny
 from methods.base import build_proposer
 from methods.decode import generate

@@ -11,7 +11,7 @@ import torch
 
 from evaluation.answers import read_answers
 from evaluation.equal import compare
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from evaluation.prompts import prompt_ids
 
 QIDS = [81, 161, 241, 321, 401]  # 81: two turns (writing); then translation, summarization, qa, math

@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from evaluation.models import ModelSpec
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from methods.base import known_methods
 
 CONF = ROOT / "conf"
@@ -50,7 +50,7 @@ def test_defaults():
 
 def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_path):
     from evaluation import data
-    from evaluation.errors import HarnessError
+    from methods.common import HarnessError
 
     monkeypatch.setattr(data, "CACHED", tmp_path / "cache" / "question.jsonl")
     monkeypatch.setattr(data, "SHARED_COPY", tmp_path / "no-shared" / "question.jsonl")

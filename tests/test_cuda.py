@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from scripts import gpu_check
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")

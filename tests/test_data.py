@@ -4,7 +4,7 @@ import pytest
 
 from evaluation.data import (MT_BENCH_CATEGORIES, SPEC_BENCH_SHA256, TASKS, fetch_spec_bench, read_questions,
                              select, sha256)
-from evaluation.errors import HarnessError
+from methods.common import HarnessError
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from methods.base import ConfigError, build_proposer
+from methods.base import build_proposer
+from methods.common import HarnessError
 from methods.decode import generate
 from methods.eagle import EagleHead, load_head
 from tests.checkpoints import hub_snapshot, save_eagle_head
@@ -38,7 +39,7 @@ def test_loads_a_head_in_the_published_layout(tiny_model, tmp_path, fmt):
 ])
 def test_a_wrong_checkpoint_is_refused_naming_key_and_shapes(tiny_model, tmp_path, case, message):
     save_eagle_head(tmp_path / "head", tiny_model.config, **case)
-    with pytest.raises(ConfigError, match="EAGLE head") as e:
+    with pytest.raises(HarnessError, match="EAGLE head") as e:
         load_head(str(tmp_path / "head"), tiny_model.config)
     assert message in str(e.value)
 
@@ -47,14 +48,14 @@ def test_a_head_of_another_model_is_refused(tiny_model, tmp_path):
     save_eagle_head(tmp_path / "head", tiny_model.config)
     cfg = json.loads((tmp_path / "head" / "config.json").read_text())
     (tmp_path / "head" / "config.json").write_text(json.dumps({**cfg, "hidden_size": 4096}))
-    with pytest.raises(ConfigError, match="for hidden size 4096 .* the target has 64"):
+    with pytest.raises(HarnessError, match="for hidden size 4096 .* the target has 64"):
         load_head(str(tmp_path / "head"), tiny_model.config)
 
 
 def test_a_hub_id_is_fetched_as_a_hub_id_even_with_a_suffix(tiny_model, hub_cache):
     """'yuhuili/EAGLE-Vicuna-7B-v1.3' ends in '.3' but is no file here: it is read from the hub (its cache)."""
     repo = "yuhuili/EAGLE-Vicuna-7B-v1.3"
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(HarnessError) as e:
         build_proposer("eagle", {"head": repo}, vocab_size=96, device=CPU, target=tiny_model)
     assert str(e.value).startswith(f"the checkpoint is not in the local cache: download {repo} or set method.head=PATH")
     state = save_eagle_head(hub_snapshot(hub_cache, repo), tiny_model.config)
@@ -72,7 +73,7 @@ def test_a_head_without_fc_bias_loads_when_its_config_says_so(tiny_model, tmp_pa
     ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0, 5:].tolist()
     assert generate(tiny_model, p, prompt, max_new_tokens=20, stop_ids=set()).token_ids == ref
     save_eagle_head(tmp_path / "stray", tiny_model.config, bias=False, extra={"fc.bias": torch.zeros(64)})
-    with pytest.raises(ConfigError, match="keys this head does not know: fc.bias"):
+    with pytest.raises(HarnessError, match="keys this head does not know: fc.bias"):
         load_head(str(tmp_path / "stray"), tiny_model.config)
 
 
@@ -114,7 +115,7 @@ def test_the_head_takes_its_own_rotary_base(tiny_model, tmp_path):
     ({"head": "random", "k": 3}, "has no parameter(s) k"),
 ])
 def test_bad_parameters(tiny_model, params, message):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(HarnessError) as e:
         build_proposer("eagle", params, vocab_size=96, device=CPU, target=tiny_model)
     assert message in str(e.value)
 

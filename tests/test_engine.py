@@ -3,11 +3,12 @@ import pytest
 import torch
 
 from methods.base import Draft, Proposer, build_proposer
-from methods.base import ConfigError
+from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
 from methods.tree import Tree
-from methods.verify import accept, greedy, tree_mask
+from methods.tree import tree_mask
+from methods.verify import accept, greedy
 
 
 def test_accept_worked_examples():
@@ -109,12 +110,12 @@ def test_stop_token_ends_generation_and_is_counted(tiny_model, engine):
 
 
 def test_unknown_method_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown method 'trr'; known: .*vanilla"):
+    with pytest.raises(HarnessError, match=r"unknown method 'trr'; known: .*vanilla"):
         build_proposer("trr", {}, vocab_size=10, device=torch.device("cpu"))
 
 
 def test_vanilla_refuses_parameters():
-    with pytest.raises(ConfigError, match="takes no parameters"):
+    with pytest.raises(HarnessError, match="takes no parameters"):
         build_proposer("vanilla", {"k": 3}, vocab_size=10, device=torch.device("cpu"))
 
 

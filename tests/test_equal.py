@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from evaluation.equal import NEAR_TIE, REAL, classify, compare
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from tests.checkpoints import tiny_model, save_model, sentencepiece_tokenizer
 
 

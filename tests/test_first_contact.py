@@ -11,11 +11,9 @@ import sys
 import pytest
 import torch
 
-from evaluation.errors import HarnessError
+from methods.common import ROOT, HarnessError
 from evaluation.models import ModelSpec, cpu_fallback, load_model
-from evaluation.paths import ROOT
 from methods import hub
-from methods.base import ConfigError
 from tests.checkpoints import hub_snapshot, save_eagle_head, save_model, sentencepiece_tokenizer
 
 
@@ -32,7 +30,7 @@ def test_local_or_hub_is_decided_by_the_disk(tmp_path, monkeypatch):
     assert hub.locate("lmsys/vicuna-7b-v1.3", "model.checkpoint") == tmp_path / "lmsys" / "vicuna-7b-v1.3"
     assert hub.locate("data/eagle/smollm2-135m", "method.head") == ROOT / "data/eagle/smollm2-135m"  # project-relative
     for bad in ("/nowhere/vicuna", "./vicuna", "a/b/c", "vicuna"):
-        with pytest.raises(ConfigError, match=f"model.checkpoint={bad}: no such folder here, and not a hub id"):
+        with pytest.raises(HarnessError, match=f"model.checkpoint={bad}: no such folder here, and not a hub id"):
             hub.locate(bad, "model.checkpoint")
 
 

@@ -4,7 +4,8 @@ reference's tokens per step."""
 import pytest
 import torch
 
-from methods.base import ConfigError, Verification, build_proposer
+from methods.base import Verification, build_proposer
+from methods.common import HarnessError
 from methods.decode import generate
 from methods.lookahead import layout
 
@@ -146,5 +147,5 @@ def test_step_sizes_cover_every_step(tiny_model):
     ({"size": 3}, "no parameter"),
 ])
 def test_bad_parameters(params, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(HarnessError, match=message):
         build_proposer("lookahead", params, vocab_size=100, device=CPU)

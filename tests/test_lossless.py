@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from evaluation.data import load_bench
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from evaluation.run import Runner
 
 MAX_NEW = 20

@@ -85,7 +85,7 @@ def _run(folder, cpu):
 
 def test_a_report_refuses_speedups_across_machines(tmp_path):
     from evaluation import report as rp
-    from evaluation.errors import HarnessError
+    from methods.common import HarnessError
 
     here = machine.cpu()
     other = {**here, "model": "Intel Xeon", "id": "6/143/8", "isa": here["isa"] + ["amx_bf16"],

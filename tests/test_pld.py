@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from methods.base import ConfigError, build_proposer
+from methods.base import build_proposer
+from methods.common import HarnessError
 from methods.pld import lookup
 
 CPU = torch.device("cpu")
@@ -79,5 +80,5 @@ def test_draft_is_a_chain_rooted_at_the_last_token():
     ({"match": "hf"}, "method.match must be one of spec_bench, transformers"),
 ])
 def test_bad_parameters(params, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(HarnessError, match=message):
         build_proposer("pld", params, vocab_size=100, device=CPU)

@@ -3,7 +3,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from evaluation.models import ModelSpec
-from evaluation.paths import ROOT
+from methods.common import ROOT
 from evaluation.prompts import SYSTEM_PROMPTS, describe, prompt_ids
 from tests.checkpoints import sentencepiece_tokenizer
 

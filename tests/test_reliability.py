@@ -13,12 +13,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.answers import ABSENT, ANSWERS, LOCK, first_difference, folder_lock, load_torch_safe, read_answers
+from evaluation.answers import ABSENT, ANSWERS, LOCK, first_difference, folder_lock, read_answers
 from evaluation.data import load_bench
-from evaluation.errors import HarnessError
+from methods.common import RESULTS, ROOT, HarnessError, load_torch_safe
 from evaluation.merge import merge
 from evaluation.models import ModelSpec, load_model
-from evaluation.paths import RESULTS, ROOT
 from evaluation.run import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
 from methods.tree import TreeError, load_template
 from tests.checkpoints import save_model

@@ -262,7 +262,7 @@ def test_notebook_runs_on_a_tiny_result_set(runs, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    from evaluation.paths import ROOT
+    from methods.common import ROOT
 
     # The kernel imports the project as an installed package would be (make setup installs it editable).
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

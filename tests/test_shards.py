@@ -7,7 +7,7 @@ import torch
 
 from evaluation.answers import read_answers
 from evaluation.data import shard
-from evaluation.errors import HarnessError
+from methods.common import HarnessError
 from evaluation.merge import merge
 from tests.test_cli import cli
 
@@ -99,7 +99,7 @@ def test_sweep_through_the_joblib_launcher(tmp_path):
 
 
 def test_a_claimed_device_is_held_until_released():
-    from evaluation.errors import HarnessError
+    from methods.common import HarnessError
     from evaluation.models import ModelSpec, claim_device, release_devices
 
     spec = ModelSpec(name="m", checkpoint="x", template="vicuna_v1.1", device="auto")

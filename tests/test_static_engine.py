@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from methods import kv
-from methods.base import ConfigError
+from methods.common import HarnessError
 from methods.engine import HFEngine, StaticEngine, build_engine
 from methods.tree import Tree, load_template
 
@@ -81,26 +81,26 @@ def test_static_kv_commit_moves_the_path():
 def test_build_engine_refuses_what_cannot_work(tiny_model):
     assert isinstance(build_engine(tiny_model, {"name": "hf"}), HFEngine)
     assert isinstance(build_engine(tiny_model, {"name": "static", "pack": "auto"}), StaticEngine)
-    with pytest.raises(ConfigError, match="unknown engine 'turbo'; known: hf, static"):
+    with pytest.raises(HarnessError, match="unknown engine 'turbo'; known: hf, static"):
         build_engine(tiny_model, {"name": "turbo"})
-    with pytest.raises(ConfigError, match="engine 'static' has no parameter.s. turbo; known: pack, compile"):
+    with pytest.raises(HarnessError, match="engine 'static' has no parameter.s. turbo; known: pack, compile"):
         build_engine(tiny_model, {"name": "static", "turbo": True})
-    with pytest.raises(ConfigError, match="engine.compile must be true or false"):
+    with pytest.raises(HarnessError, match="engine.compile must be true or false"):
         build_engine(tiny_model, {"name": "static", "compile": "yes"})
-    with pytest.raises(ConfigError, match="engine.compile_mode must be one of default, reduce-overhead"):
+    with pytest.raises(HarnessError, match="engine.compile_mode must be one of default, reduce-overhead"):
         build_engine(tiny_model, {"name": "static", "compile": True, "compile_mode": "fastest"})
-    with pytest.raises(ConfigError, match="engine.pack must be auto, true or false"):
+    with pytest.raises(HarnessError, match="engine.pack must be auto, true or false"):
         build_engine(tiny_model, {"name": "static", "pack": "yes"})
     half = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=1)).half()
-    with pytest.raises(ConfigError, match="engine.pack=true needs the CPU with float32 or bfloat16"):
+    with pytest.raises(HarnessError, match="engine.pack=true needs the CPU with float32 or bfloat16"):
         build_engine(half, {"name": "static", "pack": True})
     # bfloat16 packs only where the CPU has the instructions (an AVX2-only EPYC has not: oneDNN raised there).
     bf16 = half.to(torch.bfloat16)
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         assert build_engine(bf16, {"name": "static", "pack": True}).pack
     else:
-        with pytest.raises(ConfigError, match="bfloat16: a CPU with AVX-512 or AVX-NE-CONVERT"):
+        with pytest.raises(HarnessError, match="bfloat16: a CPU with AVX-512 or AVX-NE-CONVERT"):
             build_engine(bf16, {"name": "static", "pack": True})
     auto = build_engine(bf16, {"name": "static", "pack": "auto"})
     assert not auto.pack or torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -108,7 +108,7 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
     assert auto.forward(torch.tensor([1, 2, 3]))[0].shape == (3, 32)
     mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
-    with pytest.raises(ConfigError, match="engine=static runs Llama-architecture models; this one is 'mistral'"):
+    with pytest.raises(HarnessError, match="engine=static runs Llama-architecture models; this one is 'mistral'"):
         build_engine(mistral, {"name": "static"})
 
 

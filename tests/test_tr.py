@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from methods.base import ConfigError, Verification, build_proposer
+from methods.base import Verification, build_proposer
+from methods.common import HarnessError
 from methods.tr import fit_tree
 from methods.tree import TreeError, load_template
 
@@ -109,10 +110,10 @@ def test_matrix_dtype_fits_the_vocabulary():
 
 
 @pytest.mark.parametrize("params, error, message", [
-    ({"k": 0}, ConfigError, "method.k must be an integer from 1"),
-    ({"k": "8"}, ConfigError, "method.k must be an integer"),
-    ({"start": "warm"}, ConfigError, "method.start must be one of hot, cold, prompt"),
-    ({"kk": 3}, ConfigError, "no parameter"),
+    ({"k": 0}, HarnessError, "method.k must be an integer from 1"),
+    ({"k": "8"}, HarnessError, "method.k must be an integer"),
+    ({"start": "warm"}, HarnessError, "method.start must be one of hot, cold, prompt"),
+    ({"kk": 3}, HarnessError, "no parameter"),
     ({"k": 4}, TreeError, "needs method.k >= 8"),
     ({"tree": "nope"}, TreeError, "no tree template 'nope'"),
 ])
@@ -154,5 +155,5 @@ def test_first_step_is_a_full_tree_as_in_the_reference(tiny_model):
     prefill_first = build_proposer("tr", {"first_step": "prefill"}, vocab_size=96, device=CPU)
     gen = generate(tiny_model, prefill_first, prompt, max_new_tokens=30, stop_ids=set())
     assert gen.token_ids == ref and gen.prefill_step and gen.accept_lengths[0] == 1
-    with pytest.raises(ConfigError, match="method.first_step must be one of tree, prefill"):
+    with pytest.raises(HarnessError, match="method.first_step must be one of tree, prefill"):
         build_proposer("tr", {"first_step": "draft"}, vocab_size=96, device=CPU)
