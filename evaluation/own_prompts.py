@@ -1,5 +1,5 @@
 """Prompts of our own, none taken from Spec-Bench: EAGLE's training set (``scripts.train_eagle``)
-and ``tree=auto``'s calibration (``evaluation.calibrate``).
+and ``tree=auto``'s calibration (``methods.calibrate``).
 
 Templates x topics, translations, code, and arithmetic word problems (``instruction_prompts``), and for
 EAGLE's training also the other kinds of request Spec-Bench measures, written here from our own word lists:
@@ -143,9 +143,10 @@ def calibration_prompts(n: int = 12) -> list[str]:
     return [prompts[i * len(prompts) // n] for i in range(n)]
 
 
-# The second, larger set (EAGLE's training data v3): new topics, requests shaped like MT-Bench's kinds
+# EAGLE's second, larger training set (more_prompts): new topics, requests shaped like MT-Bench's kinds
 # (writing, roleplay, reasoning, extraction, STEM, humanities, coding), and more of the task-like requests.
-TOPICS_2 = [
+# Topics of EAGLE's training only: tree=auto's calibration (calibration_prompts) never sees them.
+TRAINING_ONLY_TOPICS = [
     "glaciers", "the invention of paper", "ant colonies", "nuclear fusion", "the immune system", "bird migration",
     "the Olympic Games", "coffee farming", "renewable energy subsidies", "ancient Egyptian pyramids", "submarines",
     "the theory of evolution", "remote work", "street food", "the Renaissance", "deep sea creatures", "inflation",
@@ -158,7 +159,8 @@ TOPICS_2 = [
     "the Cold War", "microplastics", "language evolution", "hot air balloons", "the blockchain", "wolves",
     "solar eclipses", "city planning", "the history of chocolate", "kindness at work", "ocean currents",
 ]
-TEMPLATES_2 = [
+# Requests shaped like MT-Bench's writing, roleplay, STEM and humanities questions, about one topic each.
+MT_BENCH_LIKE_TEMPLATES = [
     "Write a short story in which {t} plays an important role.", "Write a news article about a new discovery about {t}.",
     "Pretend you are a museum guide. Explain {t} to a group of visitors.",
     "Act as a university professor and give a short lecture on {t}.",
@@ -222,7 +224,7 @@ def more_prompts(seed: int = 0) -> list[str]:
         rng, 400, DE_SUBJECTS + DE_SUBJECTS_2, DE_ACTIONS + DE_ACTIONS_2, DE_TIMES + DE_TIMES_2, DE_REASONS_2)]
     qa = ([a.format(x=x) for x in QA_PEOPLE for a in QA_PERSON_ASKS]
           + [a.format(x=x) for x in QA_SCIENCE for a in QA_SCIENCE_ASKS])
-    prompts = ([t.format(t=topic) for topic in TOPICS_2 for t in TEMPLATES_2]
+    prompts = ([t.format(t=topic) for topic in TRAINING_ONLY_TOPICS for t in MT_BENCH_LIKE_TEMPLATES]
                + [f"Imagine you are {r}. {a}" for r in ROLES for a in ROLE_ASKS] + CODE_2 + german
                + [q[0].upper() + q[1:] for q in qa]
                + word_problems(rng, 150, WORD_PROBLEMS_2))

@@ -27,16 +27,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, first_difference, folder_lock
 from evaluation.data import Question, load_bench, shard
-from methods.common import (ROOT, HarnessError, atomic, exit_on_error, load_torch_safe, save_torch_atomic,
-                            write_json_atomic)
 from evaluation.models import (ModelSpec, claim_device, cpu_fallback, load_model, max_context, release_devices,
                                stop_token_ids)
 from evaluation.prompts import check_template, describe, prompt_ids
 from methods import machine
-from methods.base import build_proposer
+from methods.base import Preparation, build_proposer, registry
+from methods.common import (CACHE, ROOT, HarnessError, atomic, exit_on_error, load_torch_safe, save_torch_atomic,
+                            write_json_atomic)
 from methods.decode import Generation, generate
-from methods.engine import build_engine
-from methods.tr import AUTO, TokenRecycling
+from methods.engine import ENGINE_PARAMS, build_engine
+from methods.params import config_node
 
 STATE = "proposer_state.pt"
 # Settings that cannot change a run's tokens or timings: a resumed run (or a shard being merged) may differ in
@@ -67,11 +67,27 @@ OmegaConf.register_new_resolver("cuda_devices", lambda least=0: max(int(least), 
                                 replace=True)
 
 
+def store_configs() -> None:
+    """Give Hydra every registered method (``method=NAME``) and engine (``engine=NAME``), from their parameter
+    declarations (``methods.params``): the defaults live there, not in YAML files. Called again before each
+    composition, so that a method registered later (from outside ``methods/``) is found too."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for group, table in (("method", {n: c.Params for n, c in registry().items()}), ("engine", ENGINE_PARAMS)):
+        for name, declaration in table.items():
+            store.store(group=group, name=name, node=config_node(name, declaration))
+
+
+store_configs()
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """The runner's config for these overrides, outside a Hydra app (scripts and tests)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    store_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         try:
             return compose(config_name="config", overrides=overrides)
@@ -132,7 +148,7 @@ def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
     if dtype in (torch.bfloat16, torch.float16) and runner.device.type == "cpu" and not machine.native(dtype):
         out.append(f"{str(dtype).removeprefix('torch.')} on this CPU ({machine.kind()}) has no native instructions "
                    f"for it (AVX512-BF16/FP16 or AMX): a step of many tokens costs several times more than in "
-                   f"float32 (README, 'By machine kind'), so trees and drafts pay less than there")
+                   f"float32 (results/MEASUREMENTS.md, 'By machine kind'), so trees and drafts pay less than there")
     if runner.max_new_tokens >= runner.context:
         out.append(f"bench.max_new_tokens={runner.max_new_tokens} does not fit {runner.spec.name}'s context of "
                    f"{runner.context} tokens (prompt included): turns stop at the context's end (stop=length)")
@@ -156,11 +172,15 @@ class Runner:
                                        device=self.device)
         self.stop_ids = stop_token_ids(self.model, self.tok)
         self.context = max_context(self.model, self.spec)
-        if isinstance(self.proposer, TokenRecycling) and self.proposer.tree_name == AUTO:
-            from evaluation.calibrate import auto_tree
-
-            auto_tree(self)
+        self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
+                                          prompts=self.own_prompts, cache=CACHE))
         self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
+
+    def own_prompts(self, n: int) -> list[list[int]]:
+        """The first ``n`` of the project's own prompts (never the benchmark's) in this model's template."""
+        from evaluation.own_prompts import calibration_prompts
+
+        return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
 
     def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
         return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
@@ -288,7 +308,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     }
     write_json_atomic(out / SUMMARY, summary)
     try:
-        _answer_all(cfg, runner, out, writer, selection, todo, summary)
+        _answer_all(cfg, runner, out, writer, selection, todo)
     except KeyboardInterrupt:
         summary.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        answered=len(writer.done))
@@ -303,7 +323,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
 
 
 def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter, selection: list[Question],
-                todo: list[Question], summary: dict) -> None:
+                todo: list[Question]) -> None:
     """Restore the method's state (a resumed run) or warm up, then answer ``todo`` one whole line at a time."""
     state_file = out / STATE
     if writer.done and state_file.exists():
@@ -318,15 +338,8 @@ def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter
         for _ in range(int(cfg.warmup)):
             runner.answer(selection[0])
 
-    state_now = runner.proposer.summary()
-    if "auto" in state_now:  # the chosen tree, reusable as method.tree=<run>/tree.json
-        auto = state_now["auto"]
-        write_json_atomic(out / "tree.json", {
-            "name": "auto", "parents": state_now["tree_parents"],
-            "description": f"chosen by method.tree=auto for {runner.spec.name} on {summary['environment']['device']} "
-                           f"({auto['cpu_threads']} threads), engine {cfg.engine.name}: {auto['drafts']} drafts, "
-                           f"MAT {auto['mat']:.2f} ({auto['mat_source']}), expected speedup "
-                           f"{auto['expected_speedup']:.2f}x"})
+    for name, content in runner.proposer.artefacts().items():  # e.g. tree=auto's tree.json
+        write_json_atomic(out / name, content)
 
     from tqdm import tqdm
 

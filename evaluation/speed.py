@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
-from methods.common import HarnessError, exit_on_error
 from evaluation.metrics import task_table
+from methods.common import HarnessError, exit_on_error
 
 COLUMNS = {
     "questions": "questions", "mat": "MAT", "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",

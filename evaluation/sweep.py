@@ -18,9 +18,9 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 
 from evaluation.answers import ANSWERS, SUMMARY, read_answers
-from methods.common import HarnessError, exit_on_error
 from evaluation.metrics import OVERALL, task_table
 from evaluation.speed import markdown
+from methods.common import HarnessError, exit_on_error
 
 # Method facts from a run's summary worth a column, when the method reports them.
 STATE_COLUMNS = ("k", "tree", "tree_nodes", "tree_depth", "start")

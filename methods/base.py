@@ -3,15 +3,25 @@
 A proposer never sees the model. The shared loop (``methods.decode``) asks it for
 a draft tree, the shared verifier (``methods.verify``) checks the tree in one
 forward pass, and the proposer learns from the result.
+
+Adding a method touches its own module only: a ``Proposer`` subclass with its ``Params``
+declaration (``methods.params``), decorated with ``@register`` and imported by
+``methods/__init__.py`` (or by whoever uses it, for a method that lives elsewhere). The runner
+names no method: what a method must do before the first question (TR's ``tree=auto``
+calibration) goes in its ``prepare`` hook, and what it leaves beside the answers (the chosen
+tree) in its ``artefacts`` hook.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from methods.common import HarnessError
+from methods.params import parse
 from methods.tree import Tree
 
 
@@ -36,8 +46,34 @@ class Verification:
     hidden: torch.Tensor | None = None  # [len(path), hidden] target's last hidden states on the path, if asked
 
 
+@dataclass
+class Preparation:
+    """What a proposer may use before the first question (``Proposer.prepare``), before anything is timed."""
+
+    engine: object  # the run's engine (methods.engine): its device, its dtype, its cost per step
+    model_name: str  # the model config's name, for cache keys
+    stop_ids: set[int]  # the tokens that end a turn
+    prompts: Callable[[int], list[list[int]]]  # the first n of the project's own prompts (never the benchmark's),
+    #                                             as token ids in this model's chat template
+    cache: Path  # the project's cache (HARNESS_CACHE): a method keeps what it measures once in a subfolder
+
+    def describe(self) -> str:
+        """The model, device, threads and engine, for an artefact's description."""
+        import torch
+
+        return (f"{self.model_name} on {self.engine.device} ({torch.get_num_threads()} threads), engine "
+                f"{self.engine.name}")
+
+
 class Proposer:
     """Interface every method implements.
+
+    * ``Params``: the declaration of its parameters (a dataclass of ``methods.params.param``
+      fields); ``build(params, vocab_size=, device=[, target=])`` makes the proposer from a
+      checked instance of it.
+    * ``prepare(preparation)`` once, before the first question and before any timing: work
+      that needs the engine (a calibration); ``artefacts()`` after it: files to save beside
+      the answers.
 
     * ``reset(prompt_ids, turn, prompt_logits, prompt_hidden)`` after the prefill of
       every request (``turn`` counts from 0 within a question); methods that keep state
@@ -55,12 +91,24 @@ class Proposer:
     """
 
     name: ClassVar[str]
+    Params: ClassVar[type]
     wants_prompt_logits: ClassVar[bool] = False
     wants_hidden: ClassVar[bool] = False
     needs_target: ClassVar[bool] = False  # build() gets the target model (EAGLE shares its embeddings, lm_head)
     drafts_first: bool = False  # the prefill leaves out the prompt's last token, which roots the first draft
     drafts: ClassVar[bool] = True  # False: never drafts (vanilla), for the step-counting conventions of metrics
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
+
+    @classmethod
+    def build(cls, params, *, vocab_size: int, device: torch.device) -> "Proposer":
+        raise NotImplementedError
+
+    def prepare(self, preparation: Preparation) -> None:
+        """Before the first question: nothing by default."""
+
+    def artefacts(self) -> dict[str, object]:
+        """Files to write beside the answers once prepared: {file name: JSON-able object}."""
+        return {}
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
@@ -93,27 +141,36 @@ _REGISTRY: dict[str, type] = {}
 
 
 def register(cls):
+    """Class decorator: make a Proposer known by its ``name`` (to ``build_proposer`` and, through
+    ``evaluation.run``, to Hydra as ``method=NAME``)."""
     _REGISTRY[cls.name] = cls
     return cls
 
 
-def known_methods() -> list[str]:
-    import methods  # noqa: F401  (importing the package registers every method)
+def registry() -> dict[str, type]:
+    """Every registered method by name, the built-in ones included."""
+    import methods  # noqa: F401  (importing the package registers the built-in methods)
 
-    return sorted(_REGISTRY)
+    return dict(sorted(_REGISTRY.items()))
+
+
+def known_methods() -> list[str]:
+    return list(registry())
 
 
 def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.device, target=None) -> Proposer:
-    """Instantiate method ``name`` with its parameters (plain Python values, validated by the method).
+    """Instantiate method ``name`` with its parameters (plain Python values, checked against its ``Params``;
+    the defaults fill what is absent).
 
     ``target`` (the target model) goes only to methods that set ``needs_target``.
     """
-    known = known_methods()
-    if name not in _REGISTRY:
-        raise HarnessError(f"unknown method '{name}'; known: {', '.join(known)}")
-    cls = _REGISTRY[name]
+    methods = registry()
+    if name not in methods:
+        raise HarnessError(f"unknown method '{name}'; known: {', '.join(methods)}")
+    cls = methods[name]
+    checked = parse(cls.Params, params, f"method '{name}'")
     if cls.needs_target:
         if target is None:
             raise HarnessError(f"method '{name}' drafts with the target model's own layers; build it with target=")
-        return cls.build(params, vocab_size=vocab_size, device=device, target=target)
-    return cls.build(params, vocab_size=vocab_size, device=device)
+        return cls.build(checked, vocab_size=vocab_size, device=device, target=target)
+    return cls.build(checked, vocab_size=vocab_size, device=device)

@@ -33,6 +33,9 @@ rotary frequencies in fp32 (``fp32_rotary``).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -41,12 +44,24 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from methods import hub, kv
-from methods.base import Draft, Proposer, Verification, register
-from methods.common import HarnessError
+from methods.base import Draft, Preparation, Proposer, Verification, register
+from methods.common import HarnessError, atomic, write_json_atomic
 from methods.ops import Linear, can_pack, fp32_rotary
+from methods.params import param
 from methods.tree import Tree, additive_mask, load_template
 
 
+# The checkpoint layout, defined here once: load_head reads it, save_head writes it (scripts.train_eagle's heads,
+# data/eagle/), as SafeAILab/EAGLE publishes its heads and eagle/model/ea_model.py reads them.
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE, BIN_FILE = "model.safetensors", "pytorch_model.bin"  # load_head takes the first one present
+# config.json keys that shape the head beyond the target's config (read into head_config, with ROPE_KEYS below);
+# hidden_size and vocab_size are written too, to refuse a head made for another target.
+SHAPE_KEYS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+              "max_position_embeddings")
+# fc has a bias unless config.json says "bias": false, the key and default EAGLE's ea_model.py reads (its Llama-3
+# heads have none); save_head writes the key only for a head without one, so a head with a bias reads as before.
+BIAS_KEY = "bias"
 # Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.
 IGNORED = ("embed_tokens.weight", "rotary_emb.inv_freq")
 
@@ -105,35 +120,33 @@ def _find(head: str) -> Path:
     if isinstance(where, str):
         return hub.download(where, "method.head", ["config.json", "*.bin", "*.safetensors"])
     if not where.is_dir():
-        raise HarnessError(f"method.head={head} is a file; give the folder holding its config.json and "
-                          f"pytorch_model.bin or model.safetensors")
+        raise HarnessError(f"method.head={head} is a file; give the folder holding its {CONFIG_FILE} and "
+                          f"{BIN_FILE} or {SAFETENSORS_FILE}")
     return where
 
 
 def load_head(head: str, target_config) -> EagleHead:
     """Read a head in the published layout and check it against the target; a mismatch names key and shapes."""
     folder = _find(head)
-    config_file = folder / "config.json"
+    config_file = folder / CONFIG_FILE
     if not config_file.is_file():
-        raise HarnessError(f"EAGLE head {folder} has no config.json")
+        raise HarnessError(f"EAGLE head {folder} has no {CONFIG_FILE}")
     raw = json.loads(config_file.read_text())
     if raw.get("hidden_size") != target_config.hidden_size or raw.get("vocab_size", target_config.vocab_size) \
             != target_config.vocab_size:
         raise HarnessError(f"EAGLE head {folder} is for hidden size {raw.get('hidden_size')} and vocabulary "
                           f"{raw.get('vocab_size')}, the target has {target_config.hidden_size} and "
                           f"{target_config.vocab_size}: give the head trained for this model")
-    config = head_config(target_config, **{k: raw[k] for k in (
-        "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-        "max_position_embeddings", *ROPE_KEYS) if k in raw})
-    bias = raw.get("bias", True)
-    if (folder / "model.safetensors").is_file():
+    config = head_config(target_config, **{k: raw[k] for k in (*SHAPE_KEYS, *ROPE_KEYS) if k in raw})
+    bias = raw.get(BIAS_KEY, True)
+    if (folder / SAFETENSORS_FILE).is_file():
         from safetensors.torch import load_file
 
-        state = load_file(folder / "model.safetensors")
-    elif (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        state = load_file(folder / SAFETENSORS_FILE)
+    elif (folder / BIN_FILE).is_file():
+        state = torch.load(folder / BIN_FILE, map_location="cpu", weights_only=True)
     else:
-        raise HarnessError(f"EAGLE head {folder} has neither model.safetensors nor pytorch_model.bin")
+        raise HarnessError(f"EAGLE head {folder} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED)}
     want = expected_shapes(config, bias)
     missing = sorted(set(want) - set(state))
@@ -151,6 +164,51 @@ def load_head(head: str, target_config) -> EagleHead:
     return model
 
 
+def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.float16,
+              extra_json: dict[str, object] | None = None) -> Path:
+    """Write ``head`` in the layout load_head reads: config.json (hidden size and vocabulary, SHAPE_KEYS, the
+    rotary settings, the bias flag) and model.safetensors holding exactly expected_shapes' keys in ``dtype``
+    (fp16 by default, as EAGLE publishes its heads: half the bytes, and the head runs in the target's dtype
+    anyway). ``extra_json`` adds JSON files beside them, by name (a training log).
+
+    The folder is written whole beside its place and renamed into it, so a reader (or a killed training run)
+    finds the old head or the new one, never a config of one and the weights of another. Other files an
+    existing folder holds are carried over, as writing file by file kept them."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder).absolute()
+    if folder.exists() and not folder.is_dir():
+        raise HarnessError(f"cannot save the EAGLE head to {folder}: it is a file; give a folder")
+    c, bias = head.config, head.fc.bias is not None
+    state = head.state_dict()
+    weights = {k: state[k].detach().to(device="cpu", dtype=dtype).contiguous() for k in expected_shapes(c, bias)}
+    shapes = {**{k: getattr(c, k) for k in SHAPE_KEYS},
+              "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads}
+    config = {"architectures": ["EagleHead"], "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+              "num_hidden_layers": 1, **shapes, ROPE_KEYS[0]: c.rope_parameters,
+              **({} if bias else {BIAS_KEY: False}), "torch_dtype": str(dtype).removeprefix("torch.")}
+    written = {CONFIG_FILE, SAFETENSORS_FILE, *(extra_json or {})}
+    aside = folder.with_name(f"{folder.name}.{os.getpid()}.old")
+    shutil.rmtree(aside, ignore_errors=True)  # left by a process of this id killed between the two renames
+    with atomic(folder) as tmp:
+        tmp.mkdir()
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.name not in written:
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                    else:
+                        shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
+        save_file(weights, str(tmp / SAFETENSORS_FILE))
+        write_json_atomic(tmp / CONFIG_FILE, config)
+        for name, obj in (extra_json or {}).items():
+            write_json_atomic(tmp / name, obj)
+        if folder.is_dir():  # a folder cannot be renamed over a non-empty one: the old head steps aside first
+            os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    return folder
+
+
 def random_head(target_config, seed: int = 0) -> EagleHead:
     torch.manual_seed(seed)
     head = EagleHead(head_config(target_config))
@@ -163,7 +221,13 @@ class _Eagle(Proposer):
 
     wants_hidden = True
     needs_target = True
-    PARAMS: tuple[str, ...] = ()  # the subclass's own parameters
+
+    @dataclass
+    class Params:
+        head: str | None = param(None, "a folder or hub id in EAGLE's layout, or random (lossless, slow); in a "
+                                 "run, the model config's head", config="${model.eagle_head}")
+        topk: int = param(10, "candidates the head ranks per node (EAGLE's top-k)", low=1, high=64)
+        seed: int = param(0, "for head=random")
 
     def __init__(self, head: EagleHead, target, width: int, head_name: str, device: torch.device):
         self.device = device
@@ -177,23 +241,22 @@ class _Eagle(Proposer):
         self.pending: torch.Tensor | None = None  # [m, h] target features not yet fed to the head
 
     @classmethod
-    def build(cls, params: dict, *, vocab_size: int, device: torch.device, target) -> "_Eagle":
-        params = dict(params)
-        head_name = params.pop("head", None)
-        width = params.pop("topk", 10)
-        seed = params.pop("seed", 0)
-        extra = {k: params.pop(k) for k in cls.PARAMS if k in params}
-        if params:
-            raise HarnessError(f"method '{cls.name}' has no parameter(s) {', '.join(sorted(params))}; "
-                              f"known: head, topk, seed, {', '.join(cls.PARAMS)}")
-        if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 64:
-            raise HarnessError(f"method.topk must be an integer from 1 to 64, got {width!r}")
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "_Eagle":
+        head_name, width = params.head, params.topk
+        shared = {f.name for f in fields(_Eagle.Params)}
+        extra = {f.name: getattr(params, f.name) for f in fields(params) if f.name not in shared}
         if not head_name:
             raise HarnessError(f"method '{cls.name}' needs a draft head and the model config names none: give "
                               f"method.head=PATH (a folder in EAGLE's layout, or a hub id), train one with "
                               f"python -m scripts.train_eagle, or method.head=random (lossless, slow)")
-        head = random_head(target.config, seed) if head_name == "random" else load_head(str(head_name), target.config)
-        return cls(head, target, width, str(head_name), device, **extra)
+        head = random_head(target.config, params.seed) if head_name == "random" else load_head(head_name, target.config)
+        return cls(head, target, width, head_name, device, **extra)
+
+    def prepare(self, preparation: Preparation) -> None:
+        """Run the lm_head as the static engine runs its own: where engine.pack=auto measured plain weights
+        faster on this machine (or engine.pack=false, or engine.compile), the drafts' lm_head is not packed either."""
+        if getattr(preparation.engine, "pack", None) is False:
+            self.lm_head.use_packed, self.lm_head.packed = False, None
 
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
         self.cache = kv.new_cache(self.head)
@@ -233,9 +296,13 @@ class Eagle(_Eagle):
     """EAGLE-1: a static draft tree whose node of rank r takes the r-th most likely token after its parent."""
 
     name = "eagle"
-    PARAMS = ("tree",)
 
-    def __init__(self, head, target, width, head_name, device, tree: str = "eagle"):
+    @dataclass
+    class Params(_Eagle.Params):
+        tree: str = param("eagle", "a template in data/trees/ or a .json path (eagle: EAGLE-1's tree, 25 drafts, "
+                          "depth 5, ranks of the head's top-k)")
+
+    def __init__(self, head, target, width, head_name, device, tree: str):
         super().__init__(head, target, width, head_name, device)
         self.tree, self.tree_name = load_template(str(tree)).to(device), str(tree)
         if int(self.tree.rank.max()) >= width:
@@ -285,13 +352,15 @@ class Eagle2(_Eagle):
     ``total_tokens - 1`` overall."""
 
     name = "eagle2"
-    PARAMS = ("depth", "total_tokens")
 
-    def __init__(self, head, target, width, head_name, device, depth: int = 5, total_tokens: int = 60):
+    @dataclass
+    class Params(_Eagle.Params):
+        depth: int = param(5, "expansions after the root's top-k: drafts reach depth + 1 (EAGLE-2's count)",
+                           low=1, high=1024)
+        total_tokens: int = param(60, "draft tree size, root included", low=2, high=1024)
+
+    def __init__(self, head, target, width, head_name, device, depth: int, total_tokens: int):
         super().__init__(head, target, width, head_name, device)
-        for key, value, low in (("depth", depth, 1), ("total_tokens", total_tokens, 2)):
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 1024:
-                raise HarnessError(f"method.{key} must be an integer from {low} to 1024, got {value!r}")
         self.depth, self.total = depth, total_tokens
 
     def propose(self, context: torch.Tensor) -> Draft:

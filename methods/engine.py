@@ -9,7 +9,7 @@ Every method's forwards go through an engine (``methods.decode`` and the verifie
 * ``commit(start, path)``: keep, of the entries written from ``start`` on, only the
   accepted nodes ``path``.
 
-Two engines (``engine=`` in the Hydra config, ``conf/engine/``):
+Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`` below):
 
 ``hf`` (eager, the reference): the unmodified Hugging Face model with a growing
     ``DynamicCache``; works for every architecture transformers loads.
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,9 +52,9 @@ import torch.nn.functional as F
 from methods import kv
 from methods.common import CACHE, HarnessError, write_json_atomic
 from methods.ops import Linear, can_pack, fp32_rotary, rotate_half, sync
+from methods.params import param, parse
 from methods.tree import Tree, tree_mask
 
-ENGINES = ("hf", "static")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 INDUCTOR_CACHE = CACHE / "inductor"
 
@@ -444,27 +445,35 @@ def choose_pack(engine: "StaticEngine") -> dict:
     return choice
 
 
-def build_engine(model, params: dict | None = None) -> Engine:
-    """The engine named by ``params['name']`` (``conf/engine/``) for ``model``."""
-    params = dict(params or {"name": "hf"})
-    name = params.pop("name", "hf")
+@dataclass
+class HFParams:
+    """No parameters."""
+
+
+@dataclass
+class StaticParams:
+    pack: str | bool = param("auto", "auto: on the CPU, pack the weights for oneDNN if that times faster on this "
+                             "machine kind (measured once, cached in data/cache/engine/, in the run summary)",
+                             choices=("auto", True, False))
+    compile: bool = param(False, "true: every verification step runs as a torch.compile graph (one per step "
+                          "size), cached in data/cache/inductor; eager measured faster on the CPUs tried "
+                          "(results/MEASUREMENTS.md)")
+    compile_mode: str = param("default", "torch.compile's mode; reduce-overhead adds CUDA graphs on a GPU",
+                              choices=COMPILE_MODES)
+
+
+ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams}  # engine=NAME: the declarations (methods.params)
+
+
+def build_engine(model, params: dict) -> Engine:
+    """The engine ``params['name']`` for ``model``, its other parameters checked against its declaration."""
+    params = dict(params)
+    name = params.pop("name", None)
+    if name not in ENGINE_PARAMS:
+        raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINE_PARAMS)}")
+    p = parse(ENGINE_PARAMS[name], params, f"engine '{name}'", prefix="engine")
     if name == "hf":
-        if params:
-            raise HarnessError(f"engine 'hf' has no parameter(s) {', '.join(sorted(params))}")
         return HFEngine(model)
-    if name == "static":
-        pack, compile_ = params.pop("pack", "auto"), params.pop("compile", False)
-        mode = params.pop("compile_mode", "default")
-        if params:
-            raise HarnessError(f"engine 'static' has no parameter(s) {', '.join(sorted(params))}; known: pack, "
-                              f"compile, compile_mode")
-        if pack not in ("auto", True, False):
-            raise HarnessError(f"engine.pack must be auto, true or false, got {pack!r}")
-        if compile_ not in (True, False):
-            raise HarnessError(f"engine.compile must be true or false, got {compile_!r}")
-        if mode not in COMPILE_MODES:
-            raise HarnessError(f"engine.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-        if compile_:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
-        return StaticEngine(model, pack=None if pack == "auto" else pack, compile=compile_, mode=mode)
-    raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")
+    if p.compile:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
+    return StaticEngine(model, pack=None if p.pack == "auto" else p.pack, compile=p.compile, mode=p.compile_mode)

@@ -48,12 +48,13 @@ the window becomes level 0 ``[d]``, level 1 ``[e, f]``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from methods.base import Draft, Proposer, Verification, register
-from methods.common import HarnessError
+from methods.params import param
 from methods.tree import Tree
 
 
@@ -94,6 +95,14 @@ class Lookahead(Proposer):
     name = "lookahead"
     drafts_first = True  # the first window goes with the prefill (the prompt's last token roots it)
 
+    @dataclass
+    class Params:  # Spec-Bench's leaderboard settings
+        level: int = param(5, "N: n-grams of this many tokens", low=3, high=64)
+        window: int = param(7, "W: columns of the Jacobi window", low=2, high=64)
+        guess: int = param(7, "G: at most this many pooled n-grams verified per step", low=0, high=64)
+        reference_bonus: bool = param(False, "true: a fully matched n-gram commits N-1 tokens, as the reference "
+                                      "(false: N, with the bonus token)")
+
     def __init__(self, level: int, window: int, guess: int, reference_bonus: bool, device: torch.device):
         self.level, self.window, self.guess, self.device = level, window, guess, device
         self.reference_bonus = reference_bonus
@@ -101,20 +110,8 @@ class Lookahead(Proposer):
         self.pool: dict[int, list[tuple[int, ...]]] = {}
 
     @classmethod
-    def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "Lookahead":
-        params = dict(params)
-        values = {"level": params.pop("level", 5), "window": params.pop("window", 7), "guess": params.pop("guess", 7)}
-        bonus = params.pop("reference_bonus", False)
-        if params:
-            raise HarnessError(f"method 'lookahead' has no parameter(s) {', '.join(sorted(params))}; "
-                              f"known: level, window, guess, reference_bonus")
-        lowest = {"level": 3, "window": 2, "guess": 0}
-        for key, value in values.items():
-            if not isinstance(value, int) or isinstance(value, bool) or not lowest[key] <= value <= 64:
-                raise HarnessError(f"method.{key} must be an integer from {lowest[key]} to 64, got {value!r}")
-        if bonus not in (True, False):
-            raise HarnessError(f"method.reference_bonus must be true or false, got {bonus!r}")
-        return cls(values["level"], values["window"], values["guess"], bonus, device)
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "Lookahead":
+        return cls(params.level, params.window, params.guess, params.reference_bonus, device)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:

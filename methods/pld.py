@@ -22,10 +22,12 @@ finds nothing for ``4 5`` nor for ``5`` and drafts nothing, while transformers' 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from methods.base import Draft, Proposer, register
-from methods.common import HarnessError
+from methods.params import param
 from methods.tree import Tree
 
 RULES = ("spec_bench", "transformers")
@@ -55,24 +57,19 @@ def lookup(context: torch.Tensor, max_ngram: int, num_pred: int, rule: str = "sp
 class PromptLookup(Proposer):
     name = "pld"
 
+    @dataclass
+    class Params:  # Spec-Bench's settings
+        max_ngram: int = param(3, "match the newest n-gram, n from this down to 1", low=1, high=256)
+        num_pred_tokens: int = param(10, "draft up to this many tokens after a match, as a chain", low=1, high=256)
+        match: str = param("spec_bench", "which match counts (module docstring): spec_bench's rule needs "
+                           "num_pred_tokens after it, transformers' takes the earliest", choices=RULES)
+
     def __init__(self, max_ngram: int, num_pred_tokens: int, match: str):
         self.max_ngram, self.num_pred, self.match = max_ngram, num_pred_tokens, match
 
     @classmethod
-    def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "PromptLookup":
-        params = dict(params)
-        max_ngram = params.pop("max_ngram", 3)
-        num_pred = params.pop("num_pred_tokens", 10)
-        match = params.pop("match", "spec_bench")
-        if params:
-            raise HarnessError(f"method 'pld' has no parameter(s) {', '.join(sorted(params))}; "
-                              f"known: max_ngram, num_pred_tokens, match")
-        if match not in RULES:
-            raise HarnessError(f"method.match must be one of {', '.join(RULES)}, got {match!r}")
-        for key, value in (("max_ngram", max_ngram), ("num_pred_tokens", num_pred)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
-                raise HarnessError(f"method.{key} must be an integer from 1 to 256, got {value!r}")
-        return cls(max_ngram, num_pred, match)
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "PromptLookup":
+        return cls(params.max_ngram, params.num_pred_tokens, params.match)
 
     def propose(self, context: torch.Tensor) -> Draft:
         drafts = lookup(context, self.max_ngram, self.num_pred, self.match)

@@ -32,10 +32,14 @@ writes it, which changes nothing within a request.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from methods.base import Draft, Proposer, Verification, register
+from methods.base import Draft, Preparation, Proposer, Verification, register
+from methods.calibrate import auto_tree
 from methods.common import HarnessError
+from methods.params import param
 from methods.tree import Tree, TreeError, load_template
 
 STARTS = ("hot", "cold", "prompt")
@@ -74,8 +78,21 @@ def fit_tree(tree: Tree, k: int) -> Tree:
 class TokenRecycling(Proposer):
     name = "tr"
 
+    @dataclass
+    class Params:
+        k: int = param(8, "columns of the adjacency matrix: successors kept per token", low=1, high=1024)
+        tree: str = param("paper", "a template in data/trees/ (paper = 2.2.2: 80 drafts, depth 6), a .json path, "
+                          "or auto (chosen for this engine and device: methods/autotree.py)")
+        start: str = param("hot", "hot (paper: M carries across warm-up, turns, questions) | cold (zeros per "
+                           "question) | prompt (zeros per question, seeded from prompt logits)", choices=STARTS)
+        fit_tree_to_k: bool = param(False, "true: clip ranks >= k from the tree, or widen full-width nodes to k "
+                                    "(the K ablation's rule)")
+        first_step: str = param("tree", "tree (the reference: the prefill leaves out the prompt's last token, "
+                                "whose tree is the first step) | prefill (the prefill yields the first token)",
+                                choices=FIRST_STEPS)
+
     def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device,
-                 first_step: str = "tree"):
+                 first_step: str):
         self.k, self.start, self.tree_name, self.device = k, start, tree_name, device
         self.first_step = first_step
         self.drafts_first = first_step == "tree"  # the reference's prefill: the prompt but its last token
@@ -85,6 +102,7 @@ class TokenRecycling(Proposer):
         dtype = torch.int16 if vocab_size <= torch.iinfo(torch.int16).max + 1 else torch.int32
         self.M = torch.zeros(vocab_size, k, dtype=dtype, device=device)  # [vocab, K]
         self.auto: dict | None = None  # tree=auto: how the tree was chosen (methods.autotree.choose_tree)
+        self.chosen_for: str | None = None  # tree=auto: the model, device and engine it was chosen for
         self.set_tree(tree)
 
     def set_tree(self, tree: Tree, auto: dict | None = None) -> None:
@@ -108,26 +126,14 @@ class TokenRecycling(Proposer):
         self.node_accepts = torch.zeros(n, dtype=torch.long)
 
     @classmethod
-    def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "TokenRecycling":
-        params = dict(params)
-        k = params.pop("k", 8)
-        tree_name = params.pop("tree", "paper")
-        start = params.pop("start", "hot")
-        fit = params.pop("fit_tree_to_k", False)
-        first_step = params.pop("first_step", "tree")
-        if params:
-            raise HarnessError(f"method 'tr' has no parameter(s) {', '.join(sorted(params))}; "
-                              f"known: k, tree, start, fit_tree_to_k, first_step")
-        if first_step not in FIRST_STEPS:
-            raise HarnessError(f"method.first_step must be one of {', '.join(FIRST_STEPS)}, got {first_step!r}")
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(vocab_size, 1024):
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "TokenRecycling":
+        k, tree_name, start, first_step = params.k, params.tree, params.start, params.first_step
+        if k > vocab_size:
             raise HarnessError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
-        if start not in STARTS:
-            raise HarnessError(f"method.start must be one of {', '.join(STARTS)}, got {start!r}")
-        if tree_name == AUTO:  # a plain step until evaluation.calibrate sets the chosen tree
+        if tree_name == AUTO:  # a plain step until prepare() sets the chosen tree
             return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device, first_step)
-        tree = load_template(str(tree_name))
-        if fit:
+        tree = load_template(tree_name)
+        if params.fit_tree_to_k:
             tree = fit_tree(tree, k)
         need = int(tree.rank.max()) + 1
         if need > k:
@@ -135,7 +141,29 @@ class TokenRecycling(Proposer):
                             f"(got {k}); raise method.k, or set method.fit_tree_to_k=true to clip the tree")
         if tree.size < 2:
             raise TreeError(f"tree '{tree_name}' has no draft nodes; TR needs at least one")
-        return cls(vocab_size, k, tree, str(tree_name), start, device, first_step)
+        return cls(vocab_size, k, tree, tree_name, start, device, first_step)
+
+    def prepare(self, preparation: Preparation) -> None:
+        """tree=auto: choose the tree for this engine and device (``methods.calibrate``)."""
+        if self.tree_name == AUTO and self.auto is None:
+            self.set_tree(*auto_tree(self, preparation))
+            self.chosen_for = preparation.describe()
+
+    def artefacts(self) -> dict[str, object]:
+        """tree=auto: the chosen tree as ``tree.json``, reusable as ``method.tree=RUN/tree.json``."""
+        if self.auto is None:
+            return {}
+        auto = self.auto
+        return {"tree.json": {
+            "name": "auto", "parents": list(self.tree.parents),
+            "description": f"chosen by method.tree=auto for {self.chosen_for or 'this run'}: "
+                           f"{auto['drafts']} drafts, MAT {auto['mat']:.2f} ({auto['mat_source']}), expected "
+                           f"speedup {auto['expected_speedup']:.2f}x"}}
+
+    def sibling(self, tree: str) -> "TokenRecycling":
+        """A new TR with this one's K and start policy and another tree, clipped to K (calibration)."""
+        return self.build(self.Params(k=self.k, tree=tree, start=self.start, fit_tree_to_k=True),
+                          vocab_size=self.M.shape[0], device=self.device)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:

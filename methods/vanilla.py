@@ -1,10 +1,11 @@
 """Greedy decoding: the root-only tree, through the same verifier as every other method."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from methods.base import Draft, Proposer, register
-from methods.common import HarnessError
 from methods.tree import Tree
 
 
@@ -13,13 +14,15 @@ class Vanilla(Proposer):
     name = "vanilla"
     drafts = False
 
+    @dataclass
+    class Params:
+        """No parameters."""
+
     def __init__(self, device: torch.device):
         self.tree = Tree.chain(1).to(device)
 
     @classmethod
-    def build(cls, params: dict, *, vocab_size: int, device: torch.device) -> "Vanilla":
-        if params:
-            raise HarnessError(f"method 'vanilla' takes no parameters, got: {', '.join(params)}")
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "Vanilla":
         return cls(device)
 
     def propose(self, context: torch.Tensor) -> Draft:

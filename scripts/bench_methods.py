@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock
 from evaluation.data import load_bench
 from evaluation.equal import NEAR_TIE, compare, explain
-from methods.common import RESULTS, exit_on_error, write_json_atomic, write_jsonl_atomic
 from evaluation.models import load_model
-from evaluation.answers import ANSWERS, SUMMARY, folder_lock
 from evaluation.run import Runner, compose_config, environment, model_spec
 from evaluation.speed import markdown, speed_table
+from methods.common import RESULTS, exit_on_error, write_json_atomic, write_jsonl_atomic
 from methods.decode import Generation, PhaseTimer
 from methods.machine import describe
 

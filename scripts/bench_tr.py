@@ -15,11 +15,11 @@ from omegaconf import OmegaConf
 
 from evaluation.data import load_bench
 from evaluation.models import ModelSpec, load_model, stop_token_ids
-from methods.common import ROOT
 from evaluation.prompts import prompt_ids
 from methods.base import build_proposer
+from methods.common import ROOT
 from methods.decode import PhaseTimer, generate
-from methods.engine import ENGINES, build_engine
+from methods.engine import ENGINE_PARAMS, build_engine
 
 OWN = ("propose", "accept", "update")  # TR's own work; "forward" and "commit" are the shared engine's
 
@@ -30,7 +30,7 @@ def main(argv=None) -> None:
     ap.add_argument("--per-task", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tree", default="paper")
-    ap.add_argument("--engine", default="static", choices=ENGINES)
+    ap.add_argument("--engine", default="static", choices=list(ENGINE_PARAMS))
     args = ap.parse_args(argv)
 
     spec = ModelSpec(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{args.model}.yaml")))

@@ -49,7 +49,6 @@ from methods.base import build_proposer  # noqa: E402
 from methods.decode import generate  # noqa: E402
 from methods.engine import HFEngine, StaticEngine, sdpa_backend, sdpa_choice  # noqa: E402
 from methods.ops import sync  # noqa: E402
-from methods.tree import Tree  # noqa: E402
 
 METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),
            ("eagle2", {"head": "random", "total_tokens": 30})]

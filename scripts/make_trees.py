@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from evaluation.answers import SUMMARY
-from methods.common import HarnessError, exit_on_error
 from methods.autotree import acceptance_table, expected_length
+from methods.common import HarnessError, exit_on_error
 from methods.tree import TEMPLATES, grow_tree, load_template
 
 BREADTHS = (30, 45, 60, 75, 90)  # drafts, at depth 6

@@ -3,8 +3,8 @@
     python -m scripts.prepare
 """
 from evaluation.data import fetch_spec_bench
-from methods.common import exit_on_error
 from evaluation.models import prepare_embedded
+from methods.common import exit_on_error
 
 
 @exit_on_error

@@ -21,15 +21,14 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
-from methods.common import RESULTS, HarnessError, exit_on_error
 from evaluation.models import load_model
-from evaluation.report import engine_name
 from evaluation.run import compose_config, environment, model_spec
+from evaluation.runs import engine_name
 from evaluation.shapes import SHAPES, random_model
 from methods.autotree import choose_tree, cost_curve, measure_cost
+from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_text_atomic
 from methods.engine import build_engine
 
 PAPER_TOKENS = 81  # TR's paper tree: the root and 80 drafts
@@ -45,9 +44,9 @@ def ints(text: str) -> list[int]:
 
 
 def plot(rows: list[dict], out: Path, title: str, footer: str) -> None:
-    from evaluation.report import _figure_style, _save
+    from evaluation.figures import figure_style, save_figure
 
-    plt = _figure_style()
+    plt = figure_style()
     fig, (a, b) = plt.subplots(1, 2, figsize=(8.5, 3.3))
     for c in sorted({r["context"] for r in rows}):
         pts = [r for r in rows if r["context"] == c]
@@ -61,7 +60,7 @@ def plot(rows: list[dict], out: Path, title: str, footer: str) -> None:
     a.set_title(title)
     b.set_title("Cost of a tree relative to one token")
     b.legend()
-    _save(fig, out, "cost", footer)
+    save_figure(fig, out, "cost", footer)
 
 
 @exit_on_error
@@ -99,13 +98,12 @@ def main(argv=None) -> None:
     rows = measure_cost(engine, args.tokens, args.contexts, args.repeats)
     for r in rows:
         print(f"context {r['context']:5d}  tokens {r['tokens']:4d}  {r['ms']:8.2f} ms  {r['vs_plain']:5.2f}x plain")
-    out.mkdir(parents=True, exist_ok=True)
     import pandas as pd
 
-    pd.DataFrame(rows).to_csv(out / "cost.csv", index=False)
+    write_text_atomic(out / "cost.csv", pd.DataFrame(rows).to_csv(index=False))
     projection = project(rows, args.mat, args.accept)
-    (out / "cost.json").write_text(json.dumps({"model": name, "engine": kind, "environment": env,
-                                               "rows": rows, "projection": projection}, indent=2) + "\n")
+    write_json_atomic(out / "cost.json", {"model": name, "engine": kind, "environment": env, "rows": rows,
+                                          "projection": projection})
     footer = f"{env['device_name']}, {env['cpu_threads']} threads, {env['dtype']}, torch {env['torch']}, " \
              f"transformers {env['transformers']}, engine {kind}"
     plot(rows, out, f"Verification cost · {name}", footer)

@@ -4,12 +4,13 @@ base and scaling, tied or untied embeddings all vary between them)."""
 import pytest
 import torch
 
-from methods.common import ROOT
 from evaluation.shapes import LLAMA31_ROPE, SHAPES, tiny
 from methods.base import build_proposer
+from methods.common import ROOT
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
 from tests.checkpoints import tiny_model
+from tests.conftest import generate_greedy
 
 CPU = torch.device("cpu")
 # One per distinct architecture: Vicuna 7B/13B/33B and Llama-2 share LLaMA's (test_one_architecture_per_config).
@@ -32,11 +33,11 @@ def arch(request):
     overrides = ARCHITECTURES[name]
     model = tiny_model(name.split(" ")[0] if name in SHAPES else "llama-3-8b-instruct", **overrides)
     prompts = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
-    refs = [model.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p):].tolist()
-            for p in prompts]
+    refs = [generate_greedy(model, p, 32) for p in prompts]
     return model, prompts, refs
 
 
+@pytest.mark.slow  # 60 cases, vocabularies up to 128k: minutes on a CPU
 @pytest.mark.parametrize("engine", [HFEngine, StaticEngine], ids=["hf", "static"])
 @pytest.mark.parametrize("method, params", METHODS, ids=[m for m, _ in METHODS])
 def test_every_method_equals_generate(arch, engine, method, params):

@@ -4,10 +4,11 @@ import json
 import pytest
 import torch
 
-from evaluation import calibrate
+import evaluation.run
 from evaluation.answers import read_answers
 from evaluation.equal import compare
 from evaluation.run import compose_config, run
+from methods import calibrate
 from methods.autotree import choose_tree, cost_curve, expected_length
 from methods.base import build_proposer
 from methods.tree import Tree, load_template
@@ -76,7 +77,8 @@ def test_tr_keeps_the_chosen_tree_in_its_state():
         fixed.load_state_dict(state)
 
 
-def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys, reuse_embedded):
     """Calibrated on our own prompts (cached), costed on this engine, saved as tree.json, and lossless; the
     calibration says so when it starts and, with no terminal, logs a line per tree."""
     monkeypatch.setattr(calibrate, "PROMPTS", 4)
@@ -84,7 +86,7 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(calibrate, "CANDIDATES", (1, 3))
     monkeypatch.setattr(calibrate, "CANDIDATE_PROMPTS", 3)
     monkeypatch.setattr(calibrate, "CANDIDATE_TOKENS", 8)
-    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(evaluation.run, "CACHE", tmp_path / "cache")  # the runner's Preparation.cache
     common = ["bench.question_ids=[81,161,321]", "bench.max_new_tokens=24", "warmup=1", "runtime.progress=false"]
     auto = run(compose_config(["method=tr", "method.tree=auto", *common]), tmp_path / "auto")
     said = capsys.readouterr().out
@@ -105,7 +107,8 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys):
     assert load_template(str(auto / "tree.json")).parents == tuple(saved["parents"])
 
 
-def test_the_embedded_defaults_never_calibrate(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_the_embedded_defaults_never_calibrate(tmp_path, monkeypatch, reuse_embedded):
     """The embedded model's calibration for the shipped TR defaults comes with the project (data/autotree/):
     a first tree=auto run only measures this machine's cost."""
     from evaluation.run import Runner
@@ -113,7 +116,7 @@ def test_the_embedded_defaults_never_calibrate(tmp_path, monkeypatch):
     def no_decoding(*args, **kwargs):
         raise AssertionError("tree=auto calibrated although the project ships this calibration")
 
-    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "empty-cache")
+    monkeypatch.setattr(evaluation.run, "CACHE", tmp_path / "empty-cache")
     monkeypatch.setattr(calibrate, "_decode", no_decoding)
     runner = Runner(compose_config(["method=tr", "method.tree=auto"]))
     shipped = list(calibrate.SHIPPED.glob(f"{runner.spec.name}-k{runner.proposer.k}-{runner.proposer.start}-*.json"))

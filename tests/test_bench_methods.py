@@ -1,9 +1,12 @@
 """scripts.bench_methods end to end on the embedded model: side by side, engines per method, the phase split."""
 import pandas as pd
+import pytest
 
 from evaluation.answers import read_answers
 from evaluation.equal import compare
 from scripts.bench_methods import main
+
+pytestmark = pytest.mark.slow  # every test decodes on the embedded model with several methods
 
 
 def test_side_by_side_with_generate_and_phases(tmp_path, capsys):

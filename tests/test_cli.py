@@ -1,4 +1,5 @@
-"""End to end on the embedded model through the real command lines."""
+"""End to end on the embedded model through the real command lines; their error messages in this process (each
+entry point also keeps a test of its own command line)."""
 import json
 import signal
 import subprocess
@@ -9,25 +10,36 @@ from pathlib import Path
 import pytest
 import torch
 
+from evaluation import equal, speed
 from evaluation.answers import read_answers
 from evaluation.equal import compare
-from methods.common import ROOT
 from evaluation.prompts import prompt_ids
+from methods.common import ROOT
+from tests.conftest import cli, generate_greedy
 
 QIDS = [81, 161, 241, 321, 401]  # 81: two turns (writing); then translation, summarization, qa, math
 MAX_NEW = 24
 
 
-def cli(*args, check=True, **kw):
-    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=900, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
+def run_overrides(*extra, warmup=0):
+    """The overrides of the runs here (``evaluation.run`` on QIDS), as the command line or ``compose_config``
+    takes them."""
+    return [f"warmup={warmup}", "runtime.progress=false", f"bench.question_ids=[{','.join(map(str, QIDS))}]",
+            f"bench.max_new_tokens={MAX_NEW}", *extra]
 
 
 def run_args(out, *extra, warmup=0):
-    return ("evaluation.run", f"hydra.run.dir={out}", f"warmup={warmup}", "runtime.progress=false",
-            f"bench.question_ids=[{','.join(map(str, QIDS))}]", f"bench.max_new_tokens={MAX_NEW}", *extra)
+    return ("evaluation.run", f"hydra.run.dir={out}", *run_overrides(*extra, warmup=warmup))
+
+
+def entry_error(main, args, capsys) -> str:
+    """A command line's ``main(args)`` in this process, expected to refuse in one line and exit 2: its stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(list(map(str, args)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    return err
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +49,7 @@ def vanilla_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_answer_file_format(vanilla_run):
     recs = read_answers(vanilla_run)
     assert [r["question_id"] for r in recs] == QIDS
@@ -53,6 +66,7 @@ def test_answer_file_format(vanilla_run):
     assert summary["environment"]["transformers"] and summary["config"]["method"]["name"] == "vanilla"
 
 
+@pytest.mark.slow
 def test_vanilla_equals_model_generate(vanilla_run, embedded):
     """Engine tokens == HF generate(do_sample=False) on Spec-Bench prompts, turn 2 built on turn 1's answer."""
     model, tok, spec = embedded
@@ -63,8 +77,7 @@ def test_vanilla_equals_model_generate(vanilla_run, embedded):
         q, c = questions[rec["question_id"]], rec["choices"][0]
         for turn in range(len(q.turns)):
             ids = prompt_ids(spec, tok, list(q.turns[: turn + 1]), c["turns"][:turn])
-            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False)
-            assert out[0, len(ids):].tolist() == c["token_ids"][turn], (q.question_id, turn)
+            assert generate_greedy(model, ids, MAX_NEW) == c["token_ids"][turn], (q.question_id, turn)
 
 
 def kill_after(n_answers, args):
@@ -86,6 +99,7 @@ def kill_after(n_answers, args):
     return read_answers(out)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path):
     recs = kill_after(2, run_args(tmp_path / "killed"))
     assert sorted(r["question_id"] for r in recs) == QIDS
@@ -93,6 +107,7 @@ def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path
     assert unit == "token" and not mismatches and same == total == len(QIDS) + 1
 
 
+@pytest.mark.slow
 def test_killed_tr_run_resumes_with_the_same_state(vanilla_run, tmp_path):
     """Hot start across a kill: the matrix is saved with every answer, so accept lengths match an unbroken run."""
     args = lambda out: run_args(out, "method=tr", warmup=1)  # noqa: E731
@@ -107,6 +122,7 @@ def test_killed_tr_run_resumes_with_the_same_state(vanilla_run, tmp_path):
     assert compare(read_answers(vanilla_run), resumed)[2] == []  # and lossless
 
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_does_nothing(vanilla_run):
     before = (vanilla_run / "answers.jsonl").read_text()
     p = cli(*run_args(vanilla_run))
@@ -114,15 +130,18 @@ def test_rerun_of_a_finished_run_does_nothing(vanilla_run):
     assert (vanilla_run / "answers.jsonl").read_text() == before
 
 
-def test_resume_refuses_a_different_config(vanilla_run):
+@pytest.mark.slow
+def test_resume_refuses_a_different_config(vanilla_run, run_error):
     before = {f.name: f.read_bytes() for f in vanilla_run.iterdir() if f.is_file() and f.name != ".lock"}
-    p = cli(*run_args(vanilla_run, "bench.max_new_tokens=7"), check=False)
-    assert p.returncode == 2 and "bench.max_new_tokens is 24 there but 7 here" in p.stderr
-    p = cli(*run_args(vanilla_run, "engine=hf"), check=False)  # the engine decides timings: part of the check
-    assert p.returncode == 2 and "engine.name is 'static' there but 'hf' here" in p.stderr
+    said = run_error(*run_overrides("bench.max_new_tokens=7"), out=vanilla_run, base=())
+    assert "bench.max_new_tokens is 24 there but 7 here" in said.err
+    # the engine decides timings: part of the check
+    said = run_error(*run_overrides("engine=hf"), out=vanilla_run, base=())
+    assert "engine.name is 'static' there but 'hf' here" in said.err
     assert {f.name: f.read_bytes() for f in vanilla_run.iterdir() if f.is_file() and f.name != ".lock"} == before
 
 
+@pytest.mark.slow
 def test_equal_checker_reports_first_difference(vanilla_run, tmp_path):
     recs = read_answers(vanilla_run)
     recs[1]["choices"][0]["token_ids"][0][5] += 1
@@ -137,6 +156,7 @@ def test_equal_checker_reports_first_difference(vanilla_run, tmp_path):
     assert f"question {QIDS[1]} turn 1: first difference at position 5: {first - 1} vs {first}" in p.stdout
 
 
+@pytest.mark.slow
 def test_speed_report_against_itself(vanilla_run, tmp_path):
     p = cli("evaluation.speed", str(vanilla_run), "--baseline", str(vanilla_run), "--out", str(tmp_path))
     assert "| vanilla | overall | 5 | 1.000 |" in p.stdout
@@ -144,6 +164,8 @@ def test_speed_report_against_itself(vanilla_run, tmp_path):
 
 
 def _bad(tmp_path, *args):
+    """``evaluation.run ARGS`` on the command line, expected to fail in a message without a traceback and to leave
+    no files (the refusals Hydra itself makes, before the runner: ``run_error`` cannot reach them)."""
     out = tmp_path / "run"
     p = cli("evaluation.run", f"hydra.run.dir={out}", "warmup=0", "runtime.progress=false", *args, check=False)
     assert p.returncode != 0
@@ -169,21 +191,23 @@ def _bad(tmp_path, *args):
     (["model.device=cuda:0"] if not torch.cuda.is_available() else ["model.dtype=float8"],
      "CUDA is not available" if not torch.cuda.is_available() else "unknown model.dtype"),
 ])
-def test_bad_input_gets_one_clear_message(tmp_path, args, message):
-    assert message in _bad(tmp_path, *args)
+def test_bad_input_gets_one_clear_message(run_error, args, message):
+    assert message in run_error(*args).err
 
 
+@pytest.mark.slow
 def test_unknown_name_lists_known_options(tmp_path):
+    """On the command line: Hydra's own refusal of an unknown config name, one message with the known ones."""
     text = _bad(tmp_path, "method=trr")
     assert "vanilla" in text  # Hydra lists the available options
     text = _bad(tmp_path, "model=gpt5")
     assert "smollm2-135m" in text and "vicuna-7b" in text
 
 
-def test_malformed_question_line(tmp_path):
+def test_malformed_question_line(tmp_path, run_error):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n{oops\n")
-    assert f"{q}:2: not valid JSON" in _bad(tmp_path, f"bench.path={q}")
+    assert f"{q}:2: not valid JSON" in run_error(f"bench.path={q}").err
 
 
 @pytest.mark.parametrize("content, message", [
@@ -191,19 +215,19 @@ def test_malformed_question_line(tmp_path):
     ('{"question_id": 1, "choices": [{"turns": ["x"]}]}\n', "lacks decoding_steps"),
     ("not json\n", "not valid JSON"),
 ])
-def test_checker_and_report_refuse_wrong_format(tmp_path, vanilla_run, content, message):
+@pytest.mark.slow
+def test_checker_and_report_refuse_wrong_format(tmp_path, vanilla_run, content, message, capsys):
     f = tmp_path / "wrong.jsonl"
     f.write_text(content)
-    for args in (("evaluation.equal", str(vanilla_run), str(f)), ("evaluation.speed", str(f))):
-        p = cli(*args, check=False)
-        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+    for main, args in ((equal.main, (vanilla_run, f)), (speed.main, (f,))):
+        assert message in entry_error(main, args, capsys)
 
 
-def test_checker_missing_file(tmp_path):
-    p = cli("evaluation.equal", str(tmp_path / "a"), str(tmp_path / "b"), check=False)
-    assert p.returncode == 2 and "no answer file at" in p.stderr
+def test_checker_missing_file(tmp_path, capsys):
+    assert "no answer file at" in entry_error(equal.main, (tmp_path / "a", tmp_path / "b"), capsys)
 
 
+@pytest.mark.slow
 def test_experiment_multirun_ends_in_a_table(vanilla_run, tmp_path):
     """An ablation experiment runs as a Hydra multirun and writes its table, speedups against report.baseline."""
     p = cli("evaluation.run", "experiment=tr_start", f"hydra.sweep.dir={tmp_path}", "warmup=0",

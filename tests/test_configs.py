@@ -5,8 +5,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from evaluation.models import ModelSpec
-from methods.common import ROOT
 from methods.base import known_methods
+from methods.common import ROOT
 
 CONF = ROOT / "conf"
 
@@ -20,10 +20,34 @@ def _compose(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def test_method_configs_match_the_registry():
-    assert names("method") == known_methods()
-    for name in names("method"):
-        assert OmegaConf.load(CONF / "method" / f"{name}.yaml").name == name
+def test_method_and_engine_options_come_from_their_declarations():
+    """method=NAME and engine=NAME are the registered declarations (methods.params), defaults written once: no
+    YAML repeats them, every default composes and passes the method's own checks."""
+    from evaluation.run import store_configs
+    from methods.base import registry
+    from methods.engine import ENGINE_PARAMS
+    from methods.params import config_node, parse
+
+    store_configs()
+    assert not (CONF / "method").exists() and not (CONF / "engine").exists()
+    for group, table in (("method", {n: c.Params for n, c in registry().items()}), ("engine", ENGINE_PARAMS)):
+        for name, declaration in table.items():
+            composed = OmegaConf.to_container(_compose(f"{group}={name}")[group])
+            assert composed == config_node(name, declaration)
+            values = {k: v for k, v in composed.items() if k != "name" and not str(v).startswith("${")}
+            parse(declaration, values, f"{group} '{name}'", prefix=group)
+    assert known_methods() == ["eagle", "eagle2", "lookahead", "pld", "tr", "vanilla"]
+    assert _compose("method=eagle", "model=vicuna-7b").method.head == "yuhuili/EAGLE-Vicuna-7B-v1.3"
+
+
+def test_a_bad_method_value_is_named_with_its_range():
+    from methods.base import build_proposer
+    from methods.common import HarnessError
+
+    cfg = _compose("method=tr", "method.k=abc")
+    method = OmegaConf.to_container(cfg.method, resolve=True)
+    with pytest.raises(HarnessError, match="method.k must be an integer from 1 to 1024, got 'abc'"):
+        build_proposer(method.pop("name"), method, vocab_size=100, device=None)
 
 
 @pytest.mark.parametrize("model", names("model"))

@@ -57,6 +57,7 @@ def test_eagle_head_on_an_fp16_cuda_target_keeps_fp32_rotary():
     assert p.head.rotary.inv_freq.dtype == torch.float32 and p.head.fc.weight.dtype == torch.float16
 
 
+@pytest.mark.slow  # the whole check in a subprocess
 def test_gpu_check_dry_run(tmp_path):
     """The check, on the CPU with tiny shapes: every step passes, at most six files come back, and nothing it
     imports needs Hydra, OmegaConf or fastchat (a lent GPU machine has none of them)."""

@@ -8,7 +8,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
-from methods.eagle import EagleHead, load_head
+from methods.eagle import EagleHead, head_config, load_head, save_head
 from tests.checkpoints import hub_snapshot, save_eagle_head
 
 CPU = torch.device("cpu")
@@ -75,6 +75,43 @@ def test_a_head_without_fc_bias_loads_when_its_config_says_so(tiny_model, tmp_pa
     save_eagle_head(tmp_path / "stray", tiny_model.config, bias=False, extra={"fc.bias": torch.zeros(64)})
     with pytest.raises(HarnessError, match="keys this head does not know: fc.bias"):
         load_head(str(tmp_path / "stray"), tiny_model.config)
+
+
+@pytest.mark.parametrize("bias, dtype", [(True, torch.float16), (False, torch.float32)])
+def test_a_saved_head_loads_back_to_the_same_weights_and_outputs(tiny_model, tmp_path, bias, dtype):
+    """save_head writes the layout load_head reads (both from methods.eagle's one definition): a head with its
+    own shapes and rotary base, with or without fc's bias, loads back with the same config, weights (as stored:
+    fp16 rounds them once) and features; a second save replaces the head in the folder and keeps other files."""
+    torch.manual_seed(0)
+    rope = {"rope_theta": 5000.0, "rope_type": "default"}
+    head = EagleHead(head_config(tiny_model.config, intermediate_size=96, rope_parameters=rope), bias)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_((torch.randn_like(p) * 0.1).to(dtype))  # weights the stored dtype holds exactly
+    folder = tmp_path / "head"
+    save_head(head, folder, dtype=dtype, extra_json={"train_log.json": {"epochs": []}})
+    assert sorted(f.name for f in folder.iterdir()) == ["config.json", "model.safetensors", "train_log.json"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["torch_dtype"] == str(dtype).removeprefix("torch.") and config.get("bias", True) is bias
+    loaded = load_head(str(folder), tiny_model.config)
+    assert (loaded.fc.bias is not None) is bias
+    assert loaded.config.intermediate_size == 96 and loaded.config.rope_parameters["rope_theta"] == 5000.0
+    mine, theirs = head.state_dict(), loaded.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    n, h = 7, tiny_model.config.hidden_size
+    embeds, feats = torch.randn(1, n, h), torch.randn(1, n, h)
+    mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+    with torch.no_grad():
+        outs = [m.eval()(embeds, feats, torch.arange(n)[None], mask, DynamicCache(config=m.config))
+                for m in (head, loaded)]
+    assert torch.equal(*outs)
+    (folder / "notes.txt").write_text("kept")
+    with torch.no_grad():
+        head.fc.weight.zero_()
+    save_head(head, folder, dtype=dtype)
+    assert torch.equal(load_head(str(folder), tiny_model.config).fc.weight, head.fc.weight)
+    assert (folder / "notes.txt").read_text() == "kept" and (folder / "train_log.json").is_file()
+    assert [f.name for f in tmp_path.iterdir()] == ["head"]  # no temporary or set-aside folder left behind
 
 
 def _rope_error(rotary, positions, head_dim, theta):
@@ -210,3 +247,20 @@ def test_eagle2_depth_counts_expansions_after_the_root(tiny_model):
     tree = p.propose(torch.tensor(prompt + [3])).tree  # the prompt and the root, the target's first token
     assert tree.max_depth == 3 and tree.size == 211
     assert [int((tree.depth == d).sum()) for d in (1, 2, 3)] == [10, 100, 100]
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_drafts_lm_head_is_packed_as_the_engine_packs(tiny_model, pack):
+    """engine.pack (measured by auto, or set) decides for the head's lm_head too, through the prepare hook."""
+    from methods.base import Preparation
+    from methods.engine import build_engine
+
+    engine = build_engine(tiny_model, {"name": "static", "pack": pack})
+    p = build(tiny_model)
+    assert p.lm_head.use_packed  # a CPU in fp32: packed unless the engine says otherwise
+    p.prepare(Preparation(engine=engine, model_name="tiny", stop_ids=set(), prompts=lambda n: [], cache=None))
+    assert p.lm_head.use_packed is pack
+    ids = [3, 17, 42, 5, 9]
+    assert generate(engine, p, ids, max_new_tokens=12, stop_ids=set()).token_ids == \
+        generate(engine, build_proposer("vanilla", {}, vocab_size=96, device=CPU), ids, max_new_tokens=12,
+                 stop_ids=set()).token_ids

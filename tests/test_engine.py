@@ -9,6 +9,7 @@ from methods.engine import HFEngine, StaticEngine
 from methods.tree import Tree
 from methods.tree import tree_mask
 from methods.verify import accept, greedy
+from tests.conftest import generate_greedy
 
 
 def test_accept_worked_examples():
@@ -51,11 +52,6 @@ def engine(request, tiny_model):
     return request.param(tiny_model)
 
 
-def _greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
-
-
 class Oracle(Proposer):
     """Drafts a tree whose true path zigzags: wrong first child, right second child, and so on.
 
@@ -82,7 +78,7 @@ class Oracle(Proposer):
 
 def test_vanilla_engine_equals_generate(tiny_model, engine):
     for prompt in ([1, 5, 9, 33, 4], [1, 70, 71, 72, 73, 74, 75, 76, 77]):
-        ref = _greedy(tiny_model, prompt, 40)
+        ref = generate_greedy(tiny_model, prompt, 40)
         van = build_proposer("vanilla", {}, vocab_size=96, device=torch.device("cpu"))
         gen = generate(engine, van, prompt, max_new_tokens=40, stop_ids=set())
         assert gen.token_ids == ref
@@ -91,7 +87,7 @@ def test_vanilla_engine_equals_generate(tiny_model, engine):
 
 def test_tree_verification_is_lossless_and_accepts_the_zigzag_path(tiny_model, engine):
     prompt = [1, 5, 9, 33, 4]
-    ref = _greedy(tiny_model, prompt, 60)
+    ref = generate_greedy(tiny_model, prompt, 60)
     gen = generate(engine, Oracle(ref, len(prompt)), prompt, max_new_tokens=50, stop_ids=set())
     assert gen.token_ids == ref[:50]
     # prefill 1, then steps of 3 (path 0-2-4 + bonus) and 4 (0-2-4-5 + bonus), alternating, cut at the budget
@@ -101,7 +97,7 @@ def test_tree_verification_is_lossless_and_accepts_the_zigzag_path(tiny_model, e
 
 def test_stop_token_ends_generation_and_is_counted(tiny_model, engine):
     prompt = [1, 5, 9, 33, 4]
-    ref = _greedy(tiny_model, prompt, 30)
+    ref = generate_greedy(tiny_model, prompt, 30)
     stop = ref[12]
     first = ref.index(stop)
     gen = generate(engine, Oracle(ref + [0] * 10, len(prompt)), prompt, max_new_tokens=30, stop_ids={stop})
@@ -125,7 +121,7 @@ def test_vanilla_refuses_parameters():
 ])
 def test_every_method_equals_greedy_on_the_tiny_model(tiny_model, engine, name, params):
     prompt = [1, 5, 9, 33, 4, 5, 9, 33, 4, 5, 9]  # repetitive, so that lookups and n-grams find something
-    ref = _greedy(tiny_model, prompt, 60)
+    ref = generate_greedy(tiny_model, prompt, 60)
     proposer = build_proposer(name, params, vocab_size=96, device=torch.device("cpu"))
     for turn in range(2):  # a second request on the same proposer (state carried or reset by the method)
         gen = generate(engine, proposer, prompt, max_new_tokens=60, stop_ids=set(), turn=turn)

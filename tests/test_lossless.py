@@ -4,21 +4,25 @@ The sample is stratified: two questions per Spec-Bench task, the two mt_bench on
 (turn 2 built on the method's own turn-1 answer).
 """
 import pytest
-from hydra import compose, initialize_config_dir
+import torch
 
 from evaluation.data import load_bench
-from methods.common import ROOT
-from evaluation.run import Runner
+from evaluation.run import Runner, compose_config
 
 MAX_NEW = 20
 SAMPLE = load_bench(None, limit_per_category=2)
 
 
-def runner(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, f"bench.max_new_tokens={MAX_NEW}",
-                                                         "model.device=cpu", "model.dtype=float32"])
-    return Runner(cfg)
+@pytest.fixture(scope="module")
+def loaded(embedded):
+    """The session's embedded model, as a runner takes it: every runner here decodes with it (none changes it)."""
+    model, tok, _ = embedded
+    return model, tok, torch.device("cpu")
+
+
+def runner(loaded, *overrides):
+    cfg = compose_config([*overrides, f"bench.max_new_tokens={MAX_NEW}", "model.device=cpu", "model.dtype=float32"])
+    return Runner(cfg, loaded=loaded)
 
 
 def answers(r: Runner):
@@ -26,8 +30,8 @@ def answers(r: Runner):
 
 
 @pytest.fixture(scope="module")
-def reference():
-    return answers(runner("method=vanilla"))
+def reference(loaded):
+    return answers(runner(loaded, "method=vanilla"))
 
 
 def test_sample_is_stratified():
@@ -49,8 +53,9 @@ def test_sample_is_stratified():
     ["method=eagle", "method.head=random"],          # EAGLE-1's tree, a random head: lossless, only slow
     ["method=eagle2", "method.head=random", "method.total_tokens=20"],
 ], ids=lambda o: ",".join(o))
-def test_method_is_lossless(reference, overrides):
-    r = runner(*overrides)
+@pytest.mark.slow
+def test_method_is_lossless(reference, loaded, overrides):
+    r = runner(loaded, *overrides)
     r.answer(SAMPLE[0])  # a warm-up pass, so that TR's hot start drafts from a filled matrix
     got = answers(r)
     for qid, ref in reference.items():

@@ -1,8 +1,8 @@
 """scripts.profile_cost on a tiny random Llama: the shape of the curve and its figure."""
 import pytest
 
-from methods.engine import HFEngine, StaticEngine
 from methods.autotree import measure_cost, star
+from methods.engine import HFEngine, StaticEngine
 from scripts.profile_cost import plot
 
 

@@ -1,18 +1,13 @@
 """Each shipped model config builds its prompts as the reference behind its published numbers did."""
 import pytest
-from omegaconf import OmegaConf
 
-from evaluation.models import ModelSpec
-from methods.common import ROOT
 from evaluation.prompts import SYSTEM_PROMPTS, describe, prompt_ids
+from methods.common import ROOT
 from tests.checkpoints import sentencepiece_tokenizer
+from tests.conftest import shipped_spec
 
 TURNS = ["Compose an engaging travel blog post about a recent trip to Hawaii.", "Rewrite your previous response."]
 ANSWER = "Aloha! Here is my post."
-
-
-def shipped(name) -> ModelSpec:
-    return ModelSpec(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml")))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +24,7 @@ def test_vicuna_as_spec_bench_eval_py(name, sp_tok):
     """Spec-Bench evaluation/eval.py: fastchat get_conversation_template('vicuna'), prompt tokenized with BOS."""
     from fastchat.model import get_conversation_template
 
-    spec = shipped(name)
+    spec = shipped_spec(name)
     conv = get_conversation_template("vicuna")
     conv.append_message(conv.roles[0], TURNS[0])
     conv.append_message(conv.roles[1], ANSWER)
@@ -43,7 +38,7 @@ def test_llama_2_chat_as_eagle_gen_ea_answer_llama2chat(sp_tok):
     """EAGLE's Llama-2-chat script: fastchat 'llama-2-chat' with the default system prompt, prompt + ' '."""
     from fastchat.model import get_conversation_template
 
-    spec = shipped("llama-2-7b-chat")
+    spec = shipped_spec("llama-2-7b-chat")
     conv = get_conversation_template("llama-2-chat")
     conv.system_message = SYSTEM_PROMPTS["llama-2-default"]
     conv.append_message(conv.roles[0], TURNS[0])
@@ -60,7 +55,7 @@ def test_llama_3_as_eagle_gen_ea_answer_llama3chat(embedded):
     """EAGLE's Llama-3 script: the tokenizer's chat template with the default Llama-2 system prompt as a
     system message, tokenized without added special tokens (a chat-template tokenizer stands in here)."""
     _, tok, _ = embedded
-    spec = shipped("llama-3-8b-instruct")
+    spec = shipped_spec("llama-3-8b-instruct")
     assert spec.template == "chat_template" and spec.system_prompt == "llama-2-default"
     messages = [{"role": "system", "content": SYSTEM_PROMPTS["llama-2-default"]}, {"role": "user", "content": TURNS[0]},
                 {"role": "assistant", "content": ANSWER}, {"role": "user", "content": TURNS[1]}]
@@ -71,5 +66,5 @@ def test_llama_3_as_eagle_gen_ea_answer_llama3chat(embedded):
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")))
 def test_every_model_config_names_its_prompt_source(name):
-    spec = shipped(name)
+    spec = shipped_spec(name)
     assert spec.prompt_source and spec.system_prompt in (None, *SYSTEM_PROMPTS)

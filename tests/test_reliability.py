@@ -15,20 +15,25 @@ from omegaconf import OmegaConf
 
 from evaluation.answers import ABSENT, ANSWERS, LOCK, first_difference, folder_lock, read_answers
 from evaluation.data import load_bench
-from methods.common import RESULTS, ROOT, HarnessError, load_torch_safe
 from evaluation.merge import merge
 from evaluation.models import ModelSpec, load_model
 from evaluation.run import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
+from methods.base import known_methods
+from methods.common import RESULTS, ROOT, HarnessError, load_torch_safe
 from methods.tree import TreeError, load_template
 from tests.checkpoints import save_model
-from tests.test_cli import QIDS, _bad, cli, run_args
+from tests.conftest import cli
+from tests.test_cli import QIDS, _bad, run_args, run_overrides
+
+
+FINISHED = ("bench.question_ids=[81,161]",)
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished two-question vanilla run (copy it before changing it)."""
     out = tmp_path_factory.mktemp("reliability") / "run"
-    cli(*run_args(out, "bench.question_ids=[81,161]"))
+    cli(*run_args(out, *FINISHED))
     return out
 
 
@@ -52,6 +57,7 @@ def hold(folder: Path) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.slow  # another process holds the folder
 def test_a_held_folder_is_refused_naming_the_holder_and_released_by_a_kill(tmp_path):
     folder = tmp_path / "run"
     p = hold(folder)
@@ -68,6 +74,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_released_by_a_kill(tmp_p
         assert (folder / LOCK).read_text().strip() == str(os.getpid())
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_folder_answer_each_question_once(tmp_path):
     out = tmp_path / "twin"
     procs = [subprocess.Popen([sys.executable, "-m", *run_args(out)], cwd=ROOT, stdout=subprocess.PIPE,
@@ -125,15 +132,15 @@ def test_a_crafted_tensor_file_is_refused_and_runs_nothing(tmp_path, monkeypatch
     assert load_torch_safe(f)["rows"] == [[1, 2]]
 
 
-def test_a_resumed_run_refuses_a_crafted_state_file(finished, tmp_path):
-    out = copy_of(finished, tmp_path / "run")
+@pytest.mark.slow
+def test_a_resumed_run_refuses_a_crafted_state_file(finished, tmp_path, monkeypatch, run_error):
+    out = copy_of(finished, tmp_path / "resumed")
     lines = (out / ANSWERS).read_text().splitlines(keepends=True)
     (out / ANSWERS).write_text(lines[0])  # one answer left to do: the run resumes and loads its state
     marker = tmp_path / "ran"
     torch.save({"answered": 1, "state": Payload(marker)}, out / "proposer_state.pt")
-    p = cli(*run_args(out, "bench.question_ids=[81,161]"), check=False,
-            env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
-    assert p.returncode == 2 and "holds more than tensors" in p.stderr and "Traceback" not in p.stderr
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # makes every load without weights_only unsafe
+    assert "holds more than tensors" in run_error(*run_overrides(*FINISHED), out=out, base=()).err
     assert not marker.exists()
 
 
@@ -153,6 +160,7 @@ def test_folder_names_are_one_component():
     assert "/" not in long and len(long.encode()) <= 200 and long != folder_name("model.checkpoint=" + "/x" * 300)
 
 
+@pytest.mark.slow
 def test_a_path_override_names_a_folder_inside_results(tmp_path):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Say hi."]}) + "\n")
@@ -168,6 +176,7 @@ def test_a_path_override_names_a_folder_inside_results(tmp_path):
             shutil.rmtree(m)
 
 
+@pytest.mark.slow
 def test_a_failed_run_leaves_no_folder_in_results():
     method = RESULTS / "runs" / "spec_bench_smoke" / "smollm2-135m" / "vanilla"
     before = set(method.iterdir()) if method.is_dir() else set()
@@ -184,16 +193,16 @@ def test_a_failed_run_leaves_no_folder_in_results():
 BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00"
 
 
-def test_binary_and_malformed_files_are_one_line(tmp_path):
+def test_binary_and_malformed_files_are_one_line(tmp_path, run_error):
     q = tmp_path / "q.jsonl"
     q.write_bytes(BINARY)
-    assert f"{q}:1: not UTF-8 text" in _bad(tmp_path, f"bench.path={q}")
+    assert f"{q}:1: not UTF-8 text" in run_error(f"bench.path={q}").err
     tree = tmp_path / "tree.json"
     tree.write_bytes(BINARY)
-    assert "not UTF-8 text" in _bad(tmp_path, "method=tr", f"method.tree={tree}")
+    assert "not UTF-8 text" in run_error("method=tr", f"method.tree={tree}").err
     tree.write_text(json.dumps({"parents": [-1, 0, 0.7]}))
-    assert "tree parents must be a list of integers, got [-1, 0, 0.7]" in _bad(tmp_path, "method=tr",
-                                                                                f"method.tree={tree}")
+    assert "tree parents must be a list of integers, got [-1, 0, 0.7]" in run_error("method=tr",
+                                                                                     f"method.tree={tree}").err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -201,11 +210,16 @@ def test_binary_and_malformed_files_are_one_line(tmp_path):
     (["bench.max_new_tokens=abc"], "bench.max_new_tokens must be an integer of at least 1, got 'abc'"),
     (["bench.limit_per_category=x"], "bench.limit_per_category must be an integer, got 'x'"),
     (["warmup=1.5"], "warmup must be an integer of at least 0, got 1.5"),
-    (["hydra.run.dir=/proc/nonexistent/run"], "cannot make the run folder /proc/nonexistent/run"),
     (["hydra.run.dir=/proc/self"], "cannot write to /proc/self"),  # exists, and no one may write there
 ])
-def test_bad_settings_are_one_line(tmp_path, args, message):
-    assert message in _bad(tmp_path, *args)
+def test_bad_settings_are_one_line(run_error, args, message):
+    assert message in run_error(*args).err
+
+
+@pytest.mark.slow
+def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """On the command line: Hydra makes the run folder before the runner starts (evaluation.sweep.RunFolder)."""
+    assert "cannot make the run folder /proc/nonexistent/run" in _bad(tmp_path, "hydra.run.dir=/proc/nonexistent/run")
 
 
 def test_single_names_and_ids_need_no_brackets():
@@ -230,18 +244,20 @@ def test_tree_parents_must_be_integers(tmp_path, parents):
     (lambda lines: [BINARY.decode("latin-1") + "\n"] + lines[1:], ":1: not UTF-8 text"),
     (lambda lines: lines + lines[:1], ":3: question 81 is answered twice"),
 ])
-def test_a_damaged_answer_file_is_refused_before_the_model_loads(finished, tmp_path, damage, message):
-    out = copy_of(finished, tmp_path / "run")
+@pytest.mark.slow
+def test_a_damaged_answer_file_is_refused_before_the_model_loads(finished, tmp_path, damage, message, run_error):
+    out = copy_of(finished, tmp_path / "damaged")
     lines = (out / ANSWERS).read_text().splitlines(keepends=True)
     text = "".join(damage(lines))
     (out / ANSWERS).write_bytes(text.encode("latin-1") if "\x89" in text else text.encode())
     before = files(out)
-    p = cli(*run_args(out, "bench.question_ids=[81,161]"), check=False)
-    assert p.returncode == 2 and f"{out / ANSWERS}{message}" in p.stderr and "Traceback" not in p.stderr
-    assert "prompt format" not in p.stdout  # refused before the model was loaded
+    said = run_error(*run_overrides(*FINISHED), out=out, base=())
+    assert f"{out / ANSWERS}{message}" in said.err
+    assert "prompt format" not in said.out  # refused before the model was loaded
     assert files(out) == before
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_answers_and_says_how_to_resume(tmp_path):
     out = tmp_path / "run"
     args = run_args(out)
@@ -280,6 +296,7 @@ def test_a_checkpoint_whose_config_and_weights_disagree_is_one_line(tmp_path):
         load_model(spec)
 
 
+@pytest.mark.slow
 def test_reduced_precision_and_a_short_context_are_said_at_the_start(tmp_path):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Say hi."]}) + "\n")
@@ -288,7 +305,7 @@ def test_reduced_precision_and_a_short_context_are_said_at_the_start(tmp_path):
     assert "WARNING: bfloat16: in reduced precision a method's tokens equal vanilla greedy's only up to " \
            "near-ties" in p.stderr
     assert "WARNING: bench.max_new_tokens=64 does not fit smollm2-135m's context of 64 tokens" in p.stderr
-    # A CPU without bf16 instructions emulates it: trees cost far more there (README, 'By machine kind').
+    # A CPU without bf16 instructions emulates it: trees cost far more (results/MEASUREMENTS.md, 'By machine kind').
     from methods import machine
 
     emulated = "has no native instructions for it (AVX512-BF16/FP16 or AMX)" in p.stderr
@@ -312,5 +329,5 @@ def test_the_readme_run_examples_select_questions():
 
 def test_the_readme_lists_every_method():
     bullet = next(line for line in (ROOT / "README.md").read_text().split("\n- ") if line.startswith("`method=`"))
-    for f in (ROOT / "conf" / "method").glob("*.yaml"):
-        assert f"`{f.stem}`" in bullet, f.stem
+    for name in known_methods():
+        assert f"`{name}`" in bullet, name

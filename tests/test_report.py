@@ -7,6 +7,8 @@ import pytest
 
 from evaluation import report as rp
 from evaluation.metrics import accept_histogram, repeat_table
+from evaluation.runs import engine_name
+from methods.common import HarnessError
 
 ENV = {"device": "cpu", "device_name": "x86_64", "cpu_threads": 2, "dtype": "float32", "torch": "2.13.0",
        "transformers": "5.23.0"}
@@ -136,7 +138,7 @@ def test_each_engine_is_measured_against_its_own_vanilla(tmp_path):
     assert t.loc["tr", "speedup"] == pytest.approx(1.0)  # 10 tok/s against static vanilla's 10, not hf's 5
     assert t.loc["vanilla (engine=static)", "speedup"] == pytest.approx(1.0)
     write_run(tmp_path / "tr_hf_only" / "tr", "tr", TR_A, {"k": 8}, {"k": 8}, engine={"name": "hf"})
-    with pytest.raises(rp.HarnessError, match="no vanilla run of model tiny-llama on engine static"):
+    with pytest.raises(HarnessError, match="no vanilla run of model tiny-llama on engine static"):
         rp.report([str(tmp_path / "v_hf"), str(tmp_path / "tr_static")], tmp_path / "out2", figures=False)
 
 
@@ -147,6 +149,7 @@ def test_accept_histogram_and_repeats():
     assert t.loc["overall", "speedup"] == pytest.approx((2.0 + 4 / 3) / 2) and t.loc["overall", "repeats"] == 2
 
 
+@pytest.mark.slow  # renders every figure
 def test_figures_for_methods_and_ablations(tmp_path):
     root = tmp_path / "runs"
     write_run(root / "vanilla", "vanilla", VANILLA)
@@ -214,7 +217,7 @@ def test_reads_spec_bench_answer_files(tmp_path):
     assert t.loc["tr", "speedup"] == pytest.approx(2.0) and t.loc["tr", "mat"] == pytest.approx(5.0)
     assert "environment not recorded" in rp.environment_line(result["groups"])
     # Without a baseline named, the message says how to give one.
-    with pytest.raises(rp.HarnessError, match="name a baseline with --baseline RUN"):
+    with pytest.raises(HarnessError, match="name a baseline with --baseline RUN"):
         rp.report([str(folder)], tmp_path / "o2")
 
 
@@ -234,6 +237,7 @@ def spec_bench_speed(path, base_path, task):
     return sum(accepts) / len(accepts), (sum(speeds) / len(speeds)) / (sum(speeds0) / len(speeds0))
 
 
+@pytest.mark.slow  # two runs through the command line
 def test_our_answer_files_read_as_spec_bench_files(tmp_path):
     """A real run's answer file through Spec-Bench's definitions gives the numbers our report gives beside ours."""
     from tests.test_cli import cli, run_args
@@ -258,6 +262,7 @@ def test_our_answer_files_read_as_spec_bench_files(tmp_path):
         assert row["mat"] == pytest.approx(mat) and row["speedup_specbench"] == pytest.approx(speedup)
 
 
+@pytest.mark.slow  # a Jupyter kernel
 def test_notebook_runs_on_a_tiny_result_set(runs, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
@@ -277,10 +282,10 @@ def test_notebook_runs_on_a_tiny_result_set(runs, tmp_path, monkeypatch):
 
 
 def test_engine_names_tell_configurations_apart():
-    assert rp.engine_name(None) == "hf"
-    assert rp.engine_name({"name": "static", "pack": "auto", "compile": False}) == "static"
-    assert rp.engine_name({"name": "static", "pack": False}) == "static(pack=False)"
-    assert rp.engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "default"}) == \
+    assert engine_name(None) == "hf"
+    assert engine_name({"name": "static", "pack": "auto", "compile": False}) == "static"
+    assert engine_name({"name": "static", "pack": False}) == "static(pack=False)"
+    assert engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "default"}) == \
         "static(compiled)"
-    assert rp.engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "reduce-overhead"}) \
+    assert engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "reduce-overhead"}) \
         == "static(compiled:reduce-overhead)"

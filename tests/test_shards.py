@@ -7,11 +7,10 @@ import torch
 
 from evaluation.answers import read_answers
 from evaluation.data import shard
-from methods.common import HarnessError
 from evaluation.merge import merge
-from tests.test_cli import cli
-
-QIDS = [81, 161, 241, 321, 401]
+from methods.common import HarnessError
+from tests.conftest import cli
+from tests.test_cli import QIDS
 
 
 def run(out, *extra):
@@ -37,6 +36,7 @@ def test_shards_are_contiguous_blocks():
         shard(QIDS, 0, 0)
 
 
+@pytest.mark.slow
 def test_merged_shards_equal_the_single_run(runs, tmp_path):
     root, single, shards = runs
     assert [r["question_id"] for r in read_answers(shards[0])] == [81, 161, 241]
@@ -52,6 +52,7 @@ def test_merged_shards_equal_the_single_run(runs, tmp_path):
         assert x["choices"][0]["accept_lengths"] == y["choices"][0]["accept_lengths"]
 
 
+@pytest.mark.slow
 def test_refused_merges(runs, tmp_path):
     root, single, shards = runs
     with pytest.raises(HarnessError, match=r"shard\(s\) \[1\] of 2 are missing"):
@@ -84,12 +85,15 @@ def test_refused_merges(runs, tmp_path):
         assert not (tmp_path / m / "answers.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_merge_cli_message(runs, tmp_path):
+    """On the command line (evaluation.merge's own test of it)."""
     _, _, shards = runs
     p = cli("evaluation.merge", str(shards[0]), "--out", str(tmp_path / "m"), check=False)
     assert p.returncode == 2 and "are missing" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_sweep_through_the_joblib_launcher(tmp_path):
     """Two jobs of a sweep in parallel local processes, collected into the sweep table."""
     cli("evaluation.run", "-m", "cluster=joblib", "method=tr", "method.start=hot,cold", f"hydra.sweep.dir={tmp_path}",
@@ -116,6 +120,7 @@ def test_a_claimed_device_is_held_until_released():
     release_devices()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster", ["local", "joblib"])
 def test_local_cluster_jobs_never_share_a_device(tmp_path, cluster):
     """cluster=local starts every job at once (submitit), cluster=joblib one per device: either way each job

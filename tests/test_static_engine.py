@@ -1,12 +1,13 @@
 """The lean static engine against the reference forward, on tiny random Llamas built here."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import MistralConfig, MistralForCausalLM
 
 from methods import kv
 from methods.common import HarnessError
 from methods.engine import HFEngine, StaticEngine, build_engine
 from methods.tree import Tree, load_template
+from tests.conftest import generate_greedy, llama
 
 
 def _logits_close(a, b):
@@ -89,10 +90,10 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
         build_engine(tiny_model, {"name": "static", "compile": "yes"})
     with pytest.raises(HarnessError, match="engine.compile_mode must be one of default, reduce-overhead"):
         build_engine(tiny_model, {"name": "static", "compile": True, "compile_mode": "fastest"})
-    with pytest.raises(HarnessError, match="engine.pack must be auto, true or false"):
+    with pytest.raises(HarnessError, match="engine.pack must be one of auto, true, false"):
         build_engine(tiny_model, {"name": "static", "pack": "yes"})
-    half = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1)).half()
+    half = llama(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1).half()
     with pytest.raises(HarnessError, match="engine.pack=true needs the CPU with float32 or bfloat16"):
         build_engine(half, {"name": "static", "pack": True})
     # bfloat16 packs only where the CPU has the instructions (an AVX2-only EPYC has not: oneDNN raised there).
@@ -112,6 +113,7 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
         build_engine(mistral, {"name": "static"})
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_steps_equal_eager_greedy_one_graph_per_size(tiny_model, tmp_path):
     """engine.compile=true: vanilla and TR tokens equal ``model.generate``; the steps compile once per size
     (the span grows without recompiling); a fresh start finds the compiled code in the disk cache."""
@@ -122,7 +124,7 @@ def test_compiled_steps_equal_eager_greedy_one_graph_per_size(tiny_model, tmp_pa
 
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(1, 96, (50,), generator=gen).tolist()  # no pad id 0: generate would mask it
-    ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=90, do_sample=False)[0, 50:].tolist()
+    ref = generate_greedy(tiny_model, prompt, 90)
     counters.clear()
     engine = build_engine(tiny_model, {"name": "static", "compile": True})
     (tmp_path / "six.json").write_text('{"parents": [-1, 0, 0, 1, 1, 2]}')
@@ -130,7 +132,7 @@ def test_compiled_steps_equal_eager_greedy_one_graph_per_size(tiny_model, tmp_pa
         p = build_proposer(method, params, vocab_size=96, device=torch.device("cpu"), target=tiny_model)
         assert generate(engine, p, prompt, max_new_tokens=90, stop_ids=set()).token_ids == ref  # spans 64 -> 256
     long = torch.randint(1, 96, (300,), generator=gen).tolist()  # the cache grows past its first capacity
-    ref_long = tiny_model.generate(torch.tensor([long]), max_new_tokens=20, do_sample=False)[0, 300:].tolist()
+    ref_long = generate_greedy(tiny_model, long, 20)
     assert generate(engine, p, long, max_new_tokens=20, stop_ids=set()).token_ids == ref_long
     assert counters["stats"]["unique_graphs"] == 2  # n = 1 and n = 6, whatever the span and capacity
     counters.clear()
@@ -146,8 +148,8 @@ def test_engines_restore_fp32_rotary_frequencies_of_a_cast_model():
     recompute it in fp32, so a cast model decodes with exact positions."""
     from tests.test_eagle import _rope_error
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
-                                         num_attention_heads=2, max_position_embeddings=4096)).half()
+    model = llama(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, max_position_embeddings=4096).half()
     assert model.model.rotary_emb.inv_freq.dtype == torch.float16
     for engine in (HFEngine, StaticEngine):
         engine(model)
@@ -176,6 +178,7 @@ def test_expanded_kv_heads_compute_the_same_attention(tiny_model):
     assert summary["attention"]["backend"] in ("FLASH_ATTENTION", "MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
     """engine.compile=true with PLD (drafts of 1 to 11 nodes): ``prepare`` compiles the powers of two that cover
     them before anything is timed; decoding then pads each step up to a prepared size, compiles nothing more,
@@ -195,8 +198,8 @@ def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
     assert compiled["graphs"] == [1, 2, 4, 8, 16] and compiled["seconds"] > 0
     counters.clear()
     for prompt in ([1, 5, 9, 33, 4, 5, 9, 33, 4, 5, 9, 33, 4], [1, 2, 3, 2, 3, 2, 3, 2, 3]):
-        ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):]
+        ref = generate_greedy(tiny_model, prompt, 40)
         gen = generate(engine, p, prompt, max_new_tokens=40, stop_ids=set())
-        assert gen.token_ids == ref.tolist()
+        assert gen.token_ids == ref
     assert max(gen.accept_lengths) > 1  # drafts were accepted: padded steps of several sizes ran
     assert counters["stats"]["unique_graphs"] == 0 and engine.summary()["compiled"]["compiled_while_timed"] == []

@@ -1,13 +1,18 @@
-"""scripts.train_eagle: its prompts hold no Spec-Bench question; a short run writes a head that loads and drafts."""
+"""scripts.train_eagle and methods.eagle_train: the prompts hold no Spec-Bench question; a short run writes a head
+that loads and drafts; the data's cache name is a hash of what it holds."""
 import json
 
+import pytest
 import torch
 
 from evaluation.data import load_bench
+from evaluation.own_prompts import more_prompts, training_prompts
+from evaluation.prompts import prompt_ids
 from methods.base import build_proposer
 from methods.decode import generate
 from methods.eagle import load_head
-from scripts.train_eagle import more_prompts, passage_prompts, respond, training_prompts
+from methods.eagle_train import causal, data_key, head_pass, respond
+from scripts.train_eagle import passage_prompts
 from tests.test_cli import cli
 
 
@@ -21,6 +26,7 @@ def test_training_prompts_hold_no_spec_bench_question():
         assert not any(len(t) > 40 and t in p for t in turns), p
 
 
+@pytest.mark.slow  # trains through the command line
 def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
     model, tok, spec = embedded
     out = tmp_path / "head"
@@ -44,15 +50,19 @@ def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
     assert gen.token_ids == ref
 
 
+@pytest.mark.slow  # generates on the embedded model
 def test_responses_are_stored_by_prompt_and_only_new_prompts_are_generated(tmp_path, embedded):
     model, tok, spec = embedded
     store, prompts = tmp_path / "responses.pt", ["Name a color.", "Say hello.", "Count to three."]
-    seqs, starts = respond(model, tok, spec, prompts[:2], 6, 2, torch.device("cpu"), store)
+    ids = {p: prompt_ids(spec, tok, [p], []) for p in prompts}
+    answer = dict(max_new=6, batch=2, device=torch.device("cpu"), pad_id=tok.pad_token_id, eos_id=tok.eos_token_id,
+                  store=store)
+    seqs, starts = respond(model, {p: ids[p] for p in prompts[:2]}, **answer)
     kept = torch.load(store, weights_only=True)
     assert list(kept) == sorted(prompts[:2], key=len) and [s[n:] for s, n in zip(seqs, starts)] == [kept[p] for p in prompts[:2]]
     kept[prompts[0]] = [7, 8]  # a stored answer is read back, not regenerated
     torch.save(kept, store)
-    seqs, starts = respond(model, tok, spec, prompts, 6, 2, torch.device("cpu"), store)
+    seqs, starts = respond(model, ids, **answer)
     assert seqs[0][starts[0]:] == [7, 8] and seqs[1][starts[1]:] == kept[prompts[1]]
     ref = model.generate(torch.tensor([seqs[2][:starts[2]]]), max_new_tokens=6, do_sample=False)[0, starts[2]:].tolist()
     if tok.eos_token_id in ref:
@@ -67,7 +77,6 @@ def test_unrolled_depths_equal_step_by_step_drafting(embedded):
     from transformers import DynamicCache
 
     from methods.eagle import random_head
-    from scripts.train_eagle import causal, head_pass
 
     model, _, _ = embedded
     head, embed = random_head(model.config, seed=1).float().eval(), model.get_input_embeddings()
@@ -88,3 +97,16 @@ def test_unrolled_depths_equal_step_by_step_drafting(embedded):
                 feat = head(embed(d["ids"][pos + 1].view(1, 1)), feat.view(1, 1, -1), torch.tensor([[pos]]),
                             torch.zeros(1, 1, 1, pos + 1), cache)[0, -1]
                 torch.testing.assert_close(outs[depth - 1][i], feat, atol=1e-5, rtol=1e-4)
+
+
+def test_the_data_cache_is_named_by_what_it_holds():
+    """The generated data's file name is a hash of the prompts' token ids and the settings that shape the data:
+    the same inputs give the same name, any change another (no version number to remember to raise)."""
+    prompts = [[1, 2, 3], [4, 5]]
+    key = data_key(prompts, max_new_tokens=160, passages=[["Explain"]])
+    assert len(key) == 12 and int(key, 16) >= 0
+    assert key == data_key([[1, 2, 3], [4, 5]], passages=[["Explain"]], max_new_tokens=160)
+    assert len({key, data_key(prompts[:1], max_new_tokens=160, passages=[["Explain"]]),
+                data_key(prompts[::-1], max_new_tokens=160, passages=[["Explain"]]),
+                data_key(prompts, max_new_tokens=161, passages=[["Explain"]]),
+                data_key(prompts, max_new_tokens=160, passages=[["Explain", "Write"]])}) == 5

@@ -1,0 +1,201 @@
+"""The figures of a report (PNG and PDF): speedup per task, accepted lengths, the ablation curves and the start
+policies; ``figure_style`` and ``save_figure`` give other figures of the project the same look and footer."""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.data import TASKS
+from evaluation.metrics import OVERALL, accept_histogram
+from evaluation.runs import Group, bench_line
+from methods.common import atomic
+
+SHORT_NAMES = {"mt_bench": "MT-Bench", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
+               "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
+# Ablation figures: the method parameter swept, the number on the x axis (from the method's summary), the
+# number held fixed along one curve, and the axis label.
+ABLATIONS = {"ablation_k": ("k", "k", None, "K (adjacency matrix width)"),
+             "ablation_tree_size": ("tree", "tree_nodes", "tree_depth",
+                                    "draft tree size (tokens per step, root included)"),
+             "ablation_tree_depth": ("tree", "tree_depth", "tree_nodes", "draft tree depth")}
+
+
+def figure_style():
+    """pyplot with the project's look, on the Agg backend: figures are written to files, often without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "axes.spines.top": False,
+                         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9,
+                         "legend.fontsize": 8, "legend.frameon": False})
+    return plt
+
+
+def save_figure(fig, out: Path, name: str, footer: str) -> list[Path]:
+    """``name``.png and .pdf under ``out``, each written atomically, with ``footer`` (where the numbers come from)
+    at the bottom; closes the figure. Returns the two paths."""
+    fig.text(0.01, 0.005, footer, fontsize=6.5, color="0.4", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    files = [out / f"{name}.png", out / f"{name}.pdf"]
+    for f in files:
+        with atomic(f) as tmp:  # the temporary name hides the format from matplotlib: name it
+            fig.savefig(tmp, bbox_inches="tight", format=f.suffix[1:])
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return files
+
+
+def _rows(stats: pd.DataFrame, g: Group) -> pd.DataFrame:
+    """The per-task rows of one group, indexed by task."""
+    return stats[(stats["model"] == g.model) & (stats["method"] == g.label)].set_index("task")
+
+
+def _tasks(stats: pd.DataFrame) -> list[str]:
+    return [t for t in list(TASKS) + [OVERALL] if t in set(stats["task"])]
+
+
+def _task_bars(ax, stats: pd.DataFrame, groups: list[Group], metric: str, labels: list[str]) -> list:
+    """Grouped bars: one group of bars per task, one bar per group (error bars for repeats); returns the bars."""
+    tasks, width, containers = _tasks(stats), 0.8 / len(groups), []
+    for i, (g, label) in enumerate(zip(groups, labels)):
+        t = _rows(stats, g).reindex(tasks)
+        xs = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(tasks))]
+        err = t[metric + "_std"].fillna(0).to_numpy() if g.runs[1:] else None
+        containers.append(ax.bar(xs, t[metric], width * 0.92, yerr=err, capsize=2, label=label))
+    ax.set_xticks(range(len(tasks)), [SHORT_NAMES.get(t, t) for t in tasks])
+    return containers
+
+
+def _series_name(g: Group, multi_model: bool) -> str:
+    return f"{g.label} · {g.model}" if multi_model else g.label
+
+
+def plot_speedup(stats: pd.DataFrame, groups: list[Group], out: Path, footer: str) -> list[Path]:
+    """``speedup_per_task``: each method's speedup on each task against the dashed line of no speedup."""
+    plt = figure_style()
+    methods = [g for g in groups if not g.is_baseline]
+    if not methods:
+        return []
+    multi = len({g.model for g in groups}) > 1
+    fig, ax = plt.subplots(figsize=(min(11.0, max(6.5, 1.0 + 0.25 * len(_tasks(stats)) * len(methods))), 3.6))
+    bars = _task_bars(ax, stats, methods, "speedup", [_series_name(g, multi) for g in methods])
+    if len(methods) <= 4:
+        for b in bars:
+            ax.bar_label(b, fmt="%.2f", fontsize=6, padding=1)
+    ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
+    ax.set_ylabel("speedup over vanilla (×, tokens/s ratio)")
+    ax.set_title("Speedup per Spec-Bench task (" + bench_line(groups) + ")")
+    if len(methods) > 4:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(ncol=len(methods), loc="upper left", bbox_to_anchor=(0, -0.08))
+    return save_figure(fig, out, "speedup_per_task", footer)
+
+
+def plot_accept_lengths(groups: list[Group], out: Path, footer: str) -> list[Path]:
+    """``accept_lengths``: the share of steps accepting each length, per method; its mean is the method's MAT."""
+    plt = figure_style()
+    methods = [g for g in groups if not g.is_baseline]
+    if not methods:
+        return []
+    multi = len({g.model for g in groups}) > 1
+    hists = [accept_histogram(g.records) for g in methods]
+    longest = max(int(h.index.max()) for h in hists)
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(min(11.0, max(6.5, 0.3 * longest * len(methods))), 3.4))
+    for i, (g, h) in enumerate(zip(methods, hists)):
+        h = h.reindex(range(1, longest + 1), fill_value=0.0)
+        mat = sum(k * v for k, v in h.items())
+        ax.bar([k + (i - (len(methods) - 1) / 2) * width for k in h.index], 100 * h.to_numpy(), width * 0.92,
+               label=f"{_series_name(g, multi)} (MAT {mat:.2f})")
+    ax.set_xticks(range(1, longest + 1))
+    ax.set_xlabel("accepted length per step (tokens, bonus token included)")
+    ax.set_ylabel("share of steps (%)")
+    ax.set_title("Distribution of accepted lengths (" + bench_line(groups) + ")")
+    ax.legend(loc="upper right")
+    return save_figure(fig, out, "accept_lengths", footer)
+
+
+def _sweeps(groups: list[Group], param: str, x: str | None = None,
+            hold: str | None = None) -> list[tuple[str, list[Group]]]:
+    """Sets of groups of one model and method that differ in ``param`` only, each with two values of ``x`` or more.
+
+    ``x`` is what the figure puts on its axis: a number from the method's summary (``tree_nodes`` for a tree
+    sweep) or, by default, the parameter's own value; ``hold`` a number of the summary that must be equal
+    along a curve (a tree-size curve holds the depth). Returns (series name, groups sorted by x) pairs.
+    """
+    value = (lambda g: g.state[x]) if x else (lambda g: g.params[param])
+    sets = defaultdict(list)
+    for g in groups:
+        if not g.is_baseline and g.runs[0].summary and param in g.params and (x is None or x in g.state):
+            rest = {k: v for k, v in g.params.items() if k != param}
+            held = g.state.get(hold) if hold else None
+            sets[g.model, g.method, json.dumps(rest, sort_keys=True, default=str), held].append(g)
+    out = []
+    for (model, method, _, held), members in sets.items():
+        if len({json.dumps(value(g)) for g in members}) > 1:
+            varying = [k for k in sorted(members[0].params) if k != param
+                       and len({json.dumps(h.params.get(k)) for h in groups if h.method == method}) > 1]
+            fixed = ", ".join([f"{k}={members[0].params[k]}" for k in varying] + ([f"{hold}={held}"] if hold else []))
+            out.append((f"{method} · {model}" + (f" ({fixed})" if fixed else ""),
+                        sorted(members, key=lambda g: (str(type(value(g))), value(g)))))
+    return out
+
+
+def plot_ablations(stats: pd.DataFrame, groups: list[Group], out: Path, footer: str) -> list[Path]:
+    """One figure per ``ABLATIONS`` entry the runs sweep: MAT and tokens/s along the swept number, where more
+    acceptance pays for itself or not, with the baseline's tokens/s for scale."""
+    plt = figure_style()
+    files = []
+    for name, (param, x, hold, xlabel) in ABLATIONS.items():
+        series = _sweeps(groups, param, x, hold)
+        if not series:
+            continue
+        fig, (a_mat, a_tok) = plt.subplots(1, 2, figsize=(8.5, 3.3))
+        for line, members in series:
+            xs = [g.state[x] for g in members]
+            o = [_rows(stats, g).loc[OVERALL] for g in members]
+            a_mat.errorbar(xs, [r["mat"] for r in o], yerr=[0 if math.isnan(r["mat_std"]) else r["mat_std"]
+                                                            for r in o], marker="o", capsize=2, label=line)
+            a_tok.errorbar(xs, [r["tok_per_s"] for r in o],
+                           yerr=[0 if math.isnan(r["tok_per_s_std"]) else r["tok_per_s_std"] for r in o],
+                           marker="o", capsize=2, label=line)
+            base = stats[(stats["model"] == members[0].model) & (stats["task"] == OVERALL)
+                         & stats["method"].isin([g.label for g in groups if g.is_baseline])]
+            for _, b in base.iterrows():
+                a_tok.axhline(b["tok_per_s"], color="0.3", ls="--", lw=0.8, label=f"{b['method']} · {b['model']}")
+        a_mat.set_ylabel("mean accepted tokens per step (MAT)")
+        a_tok.set_ylabel("tokens/s")
+        from matplotlib.ticker import MaxNLocator
+
+        for ax in (a_mat, a_tok):
+            ax.set_xlabel(xlabel)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        a_mat.set_title("MAT against " + xlabel.split(" (")[0])
+        a_tok.set_title("Throughput against " + xlabel.split(" (")[0])
+        fig.legend(*a_tok.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
+        files += save_figure(fig, out, name, footer + " · " + bench_line(groups))
+    return files
+
+
+def plot_start_policies(stats: pd.DataFrame, groups: list[Group], out: Path, footer: str) -> list[Path]:
+    """``start_policies``: MAT per task for each ``start`` setting, up to three sweeps side by side."""
+    series = _sweeps(groups, "start")[:3]
+    if not series:
+        return []
+    plt = figure_style()
+    fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 3.4), squeeze=False)
+    for ax, (name, gs) in zip(axes[0], series):
+        _task_bars(ax, stats, gs, "mat", [f"start={g.params['start']}" for g in gs])
+        ax.set_ylabel("mean accepted tokens per step (MAT)")
+        ax.set_title("Start policies: " + name)
+        ax.margins(y=0.18)
+        ax.legend(ncol=len(gs), loc="upper left")
+    return save_figure(fig, out, "start_policies", footer + " · " + bench_line(groups))

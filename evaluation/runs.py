@@ -1,0 +1,309 @@
+"""The runs of a report: finding answer files, reading them with their summaries, and grouping repeats of one
+configuration into rows, each with its baseline; the lines that say where and how the runs were timed."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evaluation.answers import ANSWERS, read_answers, read_summary, separate_runs_note
+from methods.common import HarnessError
+
+BASELINE = "vanilla"
+
+
+@dataclass
+class Run:
+    """One answer file and what is known about it."""
+    path: Path                     # the answer file
+    records: list[dict]
+    summary: dict                  # our summary.json; {} for Spec-Bench's own answer files
+    model: str
+    method: str                    # registry name, or the label of a foreign file
+    params: dict = field(default_factory=dict)  # method config, name excluded
+    label: str = ""                # method plus the parameters that tell it from its siblings
+
+    @property
+    def questions(self) -> frozenset:
+        return frozenset(r["question_id"] for r in self.records)
+
+    @property
+    def state(self) -> dict:
+        return self.summary.get("method_state", {})
+
+
+@dataclass
+class Group:
+    """Repeats of one configuration: one row of the main table."""
+    model: str
+    label: str
+    runs: list[Run]
+    baseline: list[Run] = field(default_factory=list)
+    is_baseline: bool = False      # this row is (one of) the baseline(s)
+
+    @property
+    def method(self) -> str:
+        return self.runs[0].method
+
+    @property
+    def params(self) -> dict:
+        return self.runs[0].params
+
+    @property
+    def state(self) -> dict:
+        return self.runs[0].state
+
+    @property
+    def records(self) -> list[dict]:
+        return [r for run in self.runs for r in run.records]
+
+
+# ---------------------------------------------------------------- finding and reading runs
+
+def _answer_files(path: Path) -> list[Path]:
+    """The answer files a RUN names: itself, its run folder's, every run folder's below it, or else the .jsonl
+    files of a folder (Spec-Bench's ``model_answer/``)."""
+    if path.is_file():
+        return [path]
+    if (path / ANSWERS).is_file():
+        return [path / ANSWERS]
+    if path.is_dir():
+        found = sorted(path.rglob(ANSWERS)) or sorted(path.glob("*.jsonl"))
+        if found:
+            return found
+        raise HarnessError(f"no answer files under {path}: give run folders (holding {ANSWERS}) or .jsonl files")
+    raise HarnessError(f"{path} does not exist; give run folders, answer files or folders holding them")
+
+
+def load_run(file: Path, label: str | None = None) -> Run:
+    """One answer file as a Run: ours with the model, method and config of its summary; a foreign file (no
+    summary) with the one model its records name, and its label or file name as method."""
+    records, summary = read_answers(file), read_summary(file)
+    if summary:
+        params = dict(summary.get("config", {}).get("method", {}))
+        params.pop("name", None)
+        params["engine"] = engine_name(summary.get("config", {}).get("engine"))
+        return Run(file, records, summary, summary["model"], label or summary["method"], params)
+    models = sorted({str(r.get("model_id")) for r in records})
+    if len(models) != 1:
+        raise HarnessError(f"{file} answers with several models {models}; give one answer file per model and method")
+    return Run(file, records, {}, models[0], label or (file.parent.name if file.name == ANSWERS else file.stem))
+
+
+def engine_name(engine: dict | None) -> str:
+    """``hf``, ``static``, ``static(pack=false)``, ``static(compiled)`` or ``static(compiled:reduce-overhead)``
+    from a run's engine config (runs from before engines: ``hf``)."""
+    if not engine:
+        return "hf"
+    notes = [] if engine.get("pack", "auto") == "auto" else [f"pack={engine['pack']}"]
+    if engine.get("compile"):
+        mode = engine.get("compile_mode", "default")
+        notes.append("compiled" + ("" if mode == "default" else f":{mode}"))
+    return engine["name"] + (f"({','.join(notes)})" if notes else "")
+
+
+def collect(paths: list[str]) -> list[Run]:
+    """Every run under the given paths, each answer file once; ``LABEL=PATH`` names the runs found there."""
+    runs, seen = [], set()
+    for arg in paths:
+        label, _, path = arg.partition("=") if "=" in arg and not Path(arg).exists() else (None, "", arg)
+        for file in _answer_files(Path(path)):
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                runs.append(load_run(file, label or None))
+    if not runs:
+        raise HarnessError("no runs given")
+    return runs
+
+
+def _bench(run: Run) -> dict:
+    """The bench settings a run answered under ({} for a foreign file): repeats share them, captions name them."""
+    return run.summary.get("config", {}).get("bench", {})
+
+
+def machine(run: Run) -> str | None:
+    """The machine a run was timed on, as far as its summary says (None: not recorded, a foreign file): the GPU's
+    name, or the CPU's model, family/model/stepping, ISA flags and torch's threads (``methods.machine``)."""
+    e = run.summary.get("environment")
+    if not e:
+        return None
+    if str(e.get("device", "")).startswith("cuda"):
+        return e.get("device_name")
+    if e.get("cpu"):
+        from methods.machine import describe
+
+        return describe(e["cpu"])
+    return f"{e.get('device_name', '?')}, {e.get('cpu_threads', '?')} threads"
+
+
+def check_machines(groups: list[Group]) -> None:
+    """A speedup divides a method's timings by its baseline's: both must come from one kind of machine."""
+    for g in groups:
+        seen: dict[str, Run] = {}
+        for run in g.baseline + g.runs:
+            m = machine(run)
+            if m is not None:
+                seen.setdefault(m, run)
+        if len(seen) > 1:
+            (m1, r1), (m2, r2) = list(seen.items())[:2]
+            raise HarnessError(f"{g.label} on {g.model} mixes machines: {r1.path} ran on {m1} but {r2.path} on "
+                               f"{m2}; a speedup across machines measures the machines. Report each machine "
+                               f"apart, or pass --mixed-machines to do it anyway")
+
+
+# ---------------------------------------------------------------- grouping runs into rows
+
+def group_runs(runs: list[Run], baseline: list[Run] | None = None) -> list[Group]:
+    """Repeats grouped, each group given its baseline: ``baseline`` for all, else its model's vanilla runs.
+
+    A set that cannot make a table (a model without a baseline, repeats on other questions) is refused, saying why.
+    """
+    runs = _with_baseline_runs(runs, baseline)
+    if baseline:
+        _file_foreign_runs_under_baseline_model(runs, baseline)
+    _label_runs(runs)
+    groups = _repeats(runs)
+    if baseline:
+        _give_named_baseline(groups, baseline)
+    else:
+        _give_vanilla_baselines(groups, runs)
+    _check_common_questions(groups)
+    return _in_table_order(groups, runs)
+
+
+def _with_baseline_runs(runs: list[Run], baseline: list[Run] | None) -> list[Run]:
+    """A named baseline is a row of the table too, once even when it was also given among the runs."""
+    given = {r.path.resolve() for r in runs}
+    return runs + [b for b in baseline or [] if b.path.resolve() not in given]
+
+
+def _file_foreign_runs_under_baseline_model(runs: list[Run], baseline: list[Run]) -> None:
+    """Spec-Bench's files name the method in model_id: a baseline of one model says which model they ran."""
+    if len({b.model for b in baseline}) == 1:
+        for run in runs:
+            if not run.summary:
+                run.model = baseline[0].model
+
+
+def _label_runs(runs: list[Run]) -> None:
+    """Name each run by its method and the parameters that differ between runs of that method and model."""
+    siblings = defaultdict(list)
+    for run in runs:
+        if run.summary:  # a foreign file's label is its name
+            siblings[run.model, run.method].append(run)
+        else:
+            run.label = run.method
+    for group in siblings.values():
+        keys = sorted({k for r in group for k in r.params})
+        differ = [k for k in keys if len({json.dumps(r.params.get(k), sort_keys=True) for r in group}) > 1]
+        for r in group:
+            r.label = r.method + (" (" + ", ".join(f"{k}={r.params.get(k)}" for k in differ) + ")" if differ else "")
+
+
+def _repeats(runs: list[Run]) -> list[Group]:
+    """Runs of one model and label, in the order first met; their mean and spread only mean something when they
+    answer the same questions under the same bench settings, so other sets are refused."""
+    groups: dict[tuple, Group] = {}
+    for run in runs:
+        g = groups.setdefault((run.model, run.label), Group(run.model, run.label, []))
+        first = g.runs[0] if g.runs else run
+        if run.questions != first.questions or _bench(run) != _bench(first):
+            raise HarnessError(
+                f"{run.path} and {first.path} are both {run.label} on {run.model} but answer different "
+                f"questions or bench settings, so they are not repeats: report them separately")
+        g.runs.append(run)
+    return list(groups.values())
+
+
+def _give_named_baseline(groups: list[Group], baseline: list[Run]) -> None:
+    """``--baseline`` serves every row; a row of another model than the baseline's would be a speedup across
+    models, so it is refused (where either side is a foreign file, its model_id names no model to check)."""
+    models = {b.model for b in baseline if b.summary}
+    for g in groups:
+        if g.runs[0].summary and models and g.model not in models:
+            raise HarnessError(f"the baseline ({baseline[0].path}) is a run of {sorted(models)} but {g.label} "
+                               f"runs {g.model}; give a baseline of the same model, or report each model apart")
+    files = {b.path.resolve() for b in baseline}
+    for g in groups:
+        g.baseline = baseline
+        g.is_baseline = all(r.path.resolve() in files for r in g.runs)
+
+
+def _give_vanilla_baselines(groups: list[Group], runs: list[Run]) -> None:
+    """Without ``--baseline`` a row's baseline is the vanilla runs of its model on its engine: an engine changes
+    the speed of vanilla decoding as much as that of the method."""
+    for g in groups:
+        g.baseline = [r for r in runs if r.model == g.model and r.method == BASELINE
+                      and r.params.get("engine") == g.params.get("engine")]
+        g.is_baseline = g.method == BASELINE
+    _refuse_missing_baselines(groups)
+
+
+def _refuse_missing_baselines(groups: list[Group]) -> None:
+    """Every model and engine lacking a vanilla run in one message, with the runs that need it and the two fixes."""
+    missing = sorted({(g.model, g.params.get("engine")) for g in groups if not g.baseline}, key=str)
+    if missing:
+        have = {m: [g.label for g in groups if (g.model, g.params.get("engine")) == m] for m in missing}
+        raise HarnessError("; ".join(f"no {BASELINE} run of model {m}" + (f" on engine {e}" if e else "")
+                                     + f" (runs: {', '.join(have[m, e])})" for m, e in missing)
+                           + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}) "
+                             f"or name a baseline with --baseline RUN")
+
+
+def _check_common_questions(groups: list[Group]) -> None:
+    """A speedup compares the same questions: a row sharing none with its baseline has no speedup at all."""
+    for g in groups:
+        theirs = frozenset().union(*(b.questions for b in g.baseline))
+        if not g.runs[0].questions & theirs:
+            raise HarnessError(f"{g.label} on {g.model} and its baseline ({g.baseline[0].path}) answer no question "
+                               f"in common; give a baseline run on the same questions")
+
+
+def _in_table_order(groups: list[Group], runs: list[Run]) -> list[Group]:
+    """Per model: baselines first, then methods in the order given, a method's settings in natural order, so that a
+    table reads like the command that made it and an ablation reads in order (k=2 before k=16)."""
+    first: dict[str, int] = {}
+    for run in runs:
+        first.setdefault(run.method, len(first))
+    return sorted(groups, key=lambda g: (g.model, not g.is_baseline, first[g.method],
+                                         [_natural(g.params[k]) for k in sorted(g.params)]))
+
+
+def _natural(value) -> tuple:
+    """Numbers before text, numbers by value: a key that sorts any mix of parameter values."""
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+# ---------------------------------------------------------------- where and how the runs were timed
+
+def environment_line(groups: list[Group]) -> str:
+    """Where the numbers came from, one line; differing environments are all listed (and are a warning sign)."""
+    seen = []
+    for g in groups:
+        for run in g.runs + g.baseline:
+            e = run.summary.get("environment")
+            if not e:
+                line = "environment not recorded (foreign answer file)"
+            else:
+                where = machine(run) if e.get("cpu") or e.get("device", "").startswith("cuda") else \
+                    f"{e.get('device', '?')} {e.get('device_name', '')}, {e.get('cpu_threads', '?')} threads"
+                line = (f"{where}, {e.get('dtype', '?')}, torch {e.get('torch', '?')}, "
+                        f"transformers {e.get('transformers', '?')}")
+            if line not in seen:
+                seen.append(line)
+    return ("mixed environments: " if len(seen) > 1 else "") + " | ".join(seen)
+
+
+def timing_note(groups: list[Group]) -> str | None:
+    """The warning a table of runs not decoded side by side needs (``answers.separate_runs_note``), or None."""
+    return separate_runs_note([run.summary for g in groups for run in g.runs + g.baseline])
+
+
+def bench_line(groups: list[Group]) -> str:
+    """The bench behind the numbers, for captions and titles: name, questions and new tokens of the first of our
+    runs (foreign files record no bench settings)."""
+    first = next((r for g in groups for r in g.runs if r.summary), groups[0].runs[0])
+    b, n = _bench(first), len(first.questions)
+    return f"{b.get('name', 'Spec-Bench answers')}, {n} questions" + (
+        f", {b['max_new_tokens']} new tokens" if b.get("max_new_tokens") else "")

@@ -1,0 +1,108 @@
+"""The tables of a report: per-task statistics of every row, the main table, and its markdown and LaTeX forms."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from evaluation.data import TASKS
+from evaluation.metrics import OVERALL, repeat_table
+from evaluation.runs import Group
+
+TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
+              "qa": "QA", "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
+
+
+def task_stats(groups: list[Group]) -> pd.DataFrame:
+    """Long table: one row per group and task (tasks in Spec-Bench order, then overall)."""
+    frames = []
+    for g in groups:
+        t = repeat_table([r.records for r in g.runs], [b.records for b in g.baseline]).reset_index()
+        t.insert(0, "baseline", g.is_baseline)
+        t.insert(0, "method", g.label)
+        t.insert(0, "model", g.model)
+        frames.append(t)
+    df = pd.concat(frames, ignore_index=True)
+    df["questions"] = df["questions"].astype(int)
+    df["repeats"] = df["repeats"].astype(int)
+    return df
+
+
+def main_table(stats: pd.DataFrame) -> pd.DataFrame:
+    """One row per model and method: speedup per task, MAT, tokens/s, overall speedup (numbers, means and stds)."""
+    rows = []
+    for (model, method), t in stats.groupby(["model", "method"], sort=False):
+        t = t.set_index("task")
+        row = {"model": model, "method": method, "baseline": bool(t["baseline"].iloc[0]),
+               "repeats": int(t["repeats"].max())}
+        for task in [x for x in TASKS if x in t.index] + sorted(set(t.index) - set(TASKS) - {OVERALL}):
+            row[task] = t.loc[task, "speedup"]
+            row[task + "_std"] = t.loc[task, "speedup_std"]
+        o = t.loc[OVERALL]
+        row.update(mat=o["mat"], mat_std=o["mat_std"], mat_specbench=o["mat_specbench"],
+                   mat_specbench_std=o["mat_specbench_std"], tok_per_s=o["tok_per_s"], tok_per_s_std=o["tok_per_s_std"],
+                   speedup=o["speedup"], speedup_std=o["speedup_std"], questions=int(o["questions"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cell(mean: float, std: float, digits: int, pm: str) -> str:
+    """A mean with its spread; a single run has none, and a missing number shows as "-" rather than "nan"."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    return f"{mean:.{digits}f}" + ("" if std is None or math.isnan(std) else f"{pm}{std:.{digits}f}")
+
+
+def _display(table: pd.DataFrame, pm: str) -> tuple[list[str], list[list[str]]]:
+    """Header and cells as text, shared by the markdown and LaTeX forms so that both show the same numbers."""
+    tasks = [c for c in table.columns if c in TASK_NAMES and c != OVERALL]
+    header = ["Model", "Method"] + [TASK_NAMES[t] for t in tasks] + ["MAT", "MAT (Spec-Bench)", "Tokens/s",
+                                                                      "Speedup"]
+    body = []
+    for _, r in table.iterrows():
+        body.append([str(r["model"]), str(r["method"])]
+                    + [_cell(r[t], r[t + "_std"], 2, pm) + "×" for t in tasks]
+                    + [_cell(r["mat"], r["mat_std"], 2, pm), _cell(r["mat_specbench"], r["mat_specbench_std"], 2, pm),
+                       _cell(r["tok_per_s"], r["tok_per_s_std"], 2, pm),
+                       _cell(r["speedup"], r["speedup_std"], 2, pm) + "×"])
+    return header, body
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """The main table as a markdown table, numbers right-aligned."""
+    header, body = _display(table, " ± ")
+    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)] + body
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def _tex(s: str) -> str:
+    """LaTeX-escaped text; backslashes go through a placeholder so that their escape is not escaped again."""
+    s = s.replace("\\", "\0")
+    for a, b in (("&", r"\&"), ("%", r"\%"), ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}")):
+        s = s.replace(a, b)
+    return s.replace("\0", r"\textbackslash{}").replace("×", r"$\times$").replace("±", r"$\pm$")
+
+
+def to_latex(table: pd.DataFrame, caption: str) -> str:
+    """A booktabs table; the best speedup of each column within a model is bold (baselines excluded)."""
+    header, body = _display(table, " ± ")
+    tasks = [c for c in table.columns if c in TASK_NAMES and c != OVERALL]
+    columns = tasks + ["mat", "mat_specbench", "tok_per_s", "speedup"]
+    bold = set()
+    for model, t in table.groupby("model", sort=False):
+        methods = t[~t["baseline"]]
+        for j, c in enumerate(columns):
+            if len(methods) > 1 and methods[c].notna().any():
+                bold.add((methods[c].idxmax(), j + 2))
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             r"\begin{tabular}{ll" + "r" * (len(header) - 2) + "}", r"\toprule",
+             " & ".join(_tex(h) for h in header) + r" \\", r"\midrule"]
+    previous = None
+    for row_index, cells in zip(table.index, body):
+        if previous is not None and table.loc[row_index, "model"] != previous:
+            lines.append(r"\midrule")
+        previous = table.loc[row_index, "model"]
+        out = [r"\textbf{" + _tex(c) + "}" if (row_index, j) in bold else _tex(c) for j, c in enumerate(cells)]
+        lines.append(" & ".join(out) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\caption{" + _tex(caption) + "}", r"\end{table}"]
+    return "\n".join(lines)

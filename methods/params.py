@@ -1,0 +1,128 @@
+"""Parameters declared once: a dataclass per method (and engine), one parser that checks them.
+
+A method declares its parameters as a dataclass of ``param`` fields: the type (the annotation), the
+default, the range or the choices, and one line of help. That one declaration is
+
+* the Hydra config group option (``method=NAME``: ``config_node`` gives Hydra the defaults, so
+  ``method.k=4`` overrides and an unknown key is refused when the config is composed),
+* what ``parse`` checks a method's parameters against, whoever builds it (the runner, a script, a test),
+* the table of ``describe`` (``python -m methods.params``).
+
+A default that the run's config fills in differs from the one code gets: ``config=`` (EAGLE's
+``head`` is the model config's head, ``${model.eagle_head}``, in a run, and absent in code).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import MISSING, field
+
+from methods.common import HarnessError
+
+
+def param(default, help: str, *, low: int | None = None, high: int | None = None, choices: tuple | None = None,
+          config=MISSING):
+    """A parameter: its default, one line of help, an integer range or a set of choices, and optionally the
+    value the run's config gives it instead of ``default`` (an interpolation such as ``${model.x}``)."""
+    return field(default=default, metadata={"help": help, "low": low, "high": high, "choices": choices,
+                                            "config": config})
+
+
+def _show(value) -> str:
+    """A value as a user writes it on the command line (true, not True)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
+def _check(value, kind, meta: dict, key: str) -> None:
+    """Raise a HarnessError naming ``key`` when ``value`` is not of ``kind`` or outside the declared range."""
+    choices, low, high = meta.get("choices"), meta.get("low"), meta.get("high")
+    if choices is not None:
+        if not any(value == c and type(value) is type(c) for c in choices):
+            raise HarnessError(f"{key} must be one of {', '.join(_show(c) for c in choices)}, got {value!r}")
+        return
+    optional = isinstance(kind, types.UnionType) and type(None) in typing.get_args(kind)
+    if optional:
+        if value is None:
+            return
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
+    if kind is bool:
+        if value not in (True, False) or not isinstance(value, bool):
+            raise HarnessError(f"{key} must be true or false, got {value!r}")
+    elif kind is int:
+        top = f" to {high}" if high is not None else ""
+        what = f"an integer from {low}{top}" if low is not None else "an integer"
+        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) \
+                or (high is not None and value > high):
+            raise HarnessError(f"{key} must be {what}, got {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise HarnessError(f"{key} must be a number, got {value!r}")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise HarnessError(f"{key} must be a string, got {value!r}")
+
+
+def parse(declaration: type, raw: dict, owner: str, prefix: str = "method"):
+    """``raw`` (plain values: a composed config's group, or a dict from code) checked against ``declaration``
+    and completed with its defaults; ``owner`` names the method or engine in the messages (``method 'tr'``)."""
+    known = [f.name for f in dataclasses.fields(declaration)]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        have = f"; known: {', '.join(known)}" if known else ""
+        raise HarnessError(f"{owner} has no parameter(s) {', '.join(unknown)}{have}")
+    hints = typing.get_type_hints(declaration)
+    values = {}
+    for f in dataclasses.fields(declaration):
+        value = raw.get(f.name, f.default)
+        _check(value, hints[f.name], f.metadata, f"{prefix}.{f.name}")
+        values[f.name] = value
+    return declaration(**values)
+
+
+def config_node(name: str, declaration: type) -> dict:
+    """The Hydra config of option ``name``: its name and every parameter's default (or its config value)."""
+    node = {"name": name}
+    for f in dataclasses.fields(declaration):
+        config = f.metadata.get("config", MISSING)
+        node[f.name] = f.default if config is MISSING else config
+    return node
+
+
+def describe(name: str, declaration: type) -> list[str]:
+    """One line per parameter: name, default, allowed values, help."""
+    hints = typing.get_type_hints(declaration)
+    lines = []
+    for f in dataclasses.fields(declaration):
+        m = f.metadata
+        if m.get("choices") is not None:
+            allowed = " | ".join(_show(c) for c in m["choices"])
+        elif m.get("low") is not None:
+            allowed = f"{m['low']}..{m['high'] if m.get('high') is not None else ''}"
+        else:
+            kind = hints[f.name]
+            allowed = getattr(kind, "__name__", str(kind))
+        config = m.get("config", MISSING)
+        default = _show(f.default) if config is MISSING else config
+        lines.append(f"  {name}.{f.name}={default}  [{allowed}]  {m.get('help', '')}")
+    return lines
+
+
+def main() -> None:
+    """``python -m methods.params``: every method's and engine's parameters."""
+    from methods.base import registry
+    from methods.engine import ENGINE_PARAMS
+
+    for title, table, prefix in (("methods", {n: c.Params for n, c in registry().items()}, "method"),
+                                 ("engines", ENGINE_PARAMS, "engine")):
+        print(f"{title} ({prefix}=NAME, then {prefix}.KEY=VALUE):")
+        for name, declaration in table.items():
+            print(f"{prefix}={name}")
+            for line in describe(prefix, declaration):
+                print(line)
+
+
+if __name__ == "__main__":
+    main()
