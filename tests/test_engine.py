@@ -111,7 +111,7 @@ def test_unknown_method_lists_the_known_ones():
 
 
 def test_vanilla_refuses_parameters():
-    with pytest.raises(HarnessError, match="takes no parameters"):
+    with pytest.raises(HarnessError, match="method .vanilla. has no parameter.s. k"):
         build_proposer("vanilla", {"k": 3}, vocab_size=10, device=torch.device("cpu"))
 
 
