@@ -110,12 +110,32 @@ class AnswerWriter:
                 self.done.add(qid)
 
     def append(self, record: dict) -> None:
+        """Write one line and count it as done, with SIGINT held back in between: a Ctrl-C lands before the line
+        or after it is counted, never between (the message "N answer(s) kept" then matches the file)."""
         line = json.dumps(record, ensure_ascii=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        self.done.add(record["question_id"])
+        with _sigint_held():
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            self.done.add(record["question_id"])
+
+
+@contextmanager
+def _sigint_held():
+    """Block SIGINT in the block (the main thread only: signals are delivered there); a pending one is raised
+    as KeyboardInterrupt just after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 ABSENT = type("Absent", (), {"__repr__": lambda self: "absent"})()  # a key one config does not have

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.answers import ABSENT, ANSWERS, LOCK, first_difference, folder_lock, read_answers
+from evaluation.answers import ABSENT, ANSWERS, LOCK, AnswerWriter, first_difference, folder_lock, read_answers
 from evaluation.data import load_bench
 from evaluation.merge import merge
 from evaluation.models import ModelSpec, load_model
@@ -276,6 +276,25 @@ def test_ctrl_c_keeps_the_answers_and_says_how_to_resume(tmp_path):
     assert summary["status"] == "interrupted" and summary["answered"] == kept >= 1
     cli(*args)
     assert [r["question_id"] for r in read_answers(out)] == QIDS
+
+
+def test_a_ctrl_c_while_a_line_is_written_lands_after_it_is_counted(tmp_path, monkeypatch):
+    """The SIGINT arrives between the line reaching the disk and the answer being counted (the window where a
+    run used to say "no answer had finished" with one answer in the file): it must be raised only after both."""
+    writer = AnswerWriter(tmp_path / ANSWERS)
+    real_fsync = os.fsync
+
+    def fsync_then_interrupt(fd):
+        real_fsync(fd)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "fsync", fsync_then_interrupt)
+    record = {"question_id": 81, "choices": [{k: [] for k in ("turns", "decoding_steps", "new_tokens", "wall_time",
+                                                              "accept_lengths")}]}
+    with pytest.raises(KeyboardInterrupt):
+        writer.append(record)
+        time.sleep(1)  # only reached if the signal were lost
+    assert writer.done == {81} and [r["question_id"] for r in read_answers(tmp_path)] == [81]
 
 
 def test_a_checkpoint_whose_config_and_weights_disagree_is_one_line(tmp_path):
