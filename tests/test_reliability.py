@@ -261,8 +261,9 @@ def test_a_damaged_answer_file_is_refused_before_the_model_loads(finished, tmp_p
 def test_ctrl_c_keeps_the_answers_and_says_how_to_resume(tmp_path):
     out = tmp_path / "run"
     args = run_args(out)
+    # SIGINT's default action in the run, however this suite was started (a background job inherits it ignored)
     p = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while time.time() < deadline and not ((out / ANSWERS).exists() and (out / ANSWERS).read_text().count("\n")):
         time.sleep(0.1)
@@ -289,11 +290,15 @@ def test_a_ctrl_c_while_a_line_is_written_lands_after_it_is_counted(tmp_path, mo
         os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(os, "fsync", fsync_then_interrupt)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as when started from a terminal
     record = {"question_id": 81, "choices": [{k: [] for k in ("turns", "decoding_steps", "new_tokens", "wall_time",
                                                               "accept_lengths")}]}
-    with pytest.raises(KeyboardInterrupt):
-        writer.append(record)
-        time.sleep(1)  # only reached if the signal were lost
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            writer.append(record)
+            time.sleep(1)  # only reached if the signal were lost
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert writer.done == {81} and [r["question_id"] for r in read_answers(tmp_path)] == [81]
 
 
