@@ -15,8 +15,13 @@ Each line is one question::
                   "stop": ["length", "eos"],
                   "prefill_step": [true, true],                        # ours: the turn's first step is the
                                                                        # prefill's one token
-                  "spec_bench_steps": [39, 36]}]}                      # ours: steps as Spec-Bench counts them
+                  "spec_bench_steps": [39, 36],                        # ours: steps as Spec-Bench counts them
                                                                        # (evaluation/metrics.py)
+                  "draft_nodes": [0, 81, 81, ...],                     # ours, per step as accept_lengths: nodes
+                                                                       # verified (the prefill step: 0)
+                  "draft_depths": [0, 6, 6, ...],                      # ours, per step: deepest acceptable draft
+                  "step_info": [null, {"drafter": "tr"}, ...]}]}       # ours, where the method says something of
+                                                                       # its steps (a hybrid: which drafter)
 """
 from __future__ import annotations
 

@@ -199,3 +199,25 @@ def plot_start_policies(stats: pd.DataFrame, groups: list[Group], out: Path, foo
         ax.margins(y=0.18)
         ax.legend(ncol=len(gs), loc="upper left")
     return save_figure(fig, out, "start_policies", footer + " · " + bench_line(groups))
+
+
+MIN_TRIES = 20  # a depth tried fewer times than this is left off the per-depth figure (its rate is noise)
+
+
+def plot_depth_acceptance(long: pd.DataFrame, out: Path, footer: str, bench: str) -> list[Path]:
+    """``acceptance_by_depth``: per method, how often a depth-d draft is accepted given that its parent was."""
+    if long.empty:
+        return []
+    plt = figure_style()
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    multi = long["model"].nunique() > 1
+    for (model, method), t in long.groupby(["model", "method"], sort=False):
+        t = t[t["tried"] >= MIN_TRIES]
+        if len(t):
+            ax.plot(t["depth"], t["rate"], marker="o", ms=3, label=f"{method} · {model}" if multi else method)
+    ax.set_xlabel("draft depth d")
+    ax.set_ylabel("accepted at depth d, given depth d - 1 was")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Acceptance per depth ({bench}; depths tried at least {MIN_TRIES} times)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, out, "acceptance_by_depth", footer)

@@ -30,8 +30,20 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 * **speedup (Spec-Bench)** = mean over questions of per-question tokens/s of the
   method / the same mean for the baseline: the number Spec-Bench's speed script
   prints, kept beside ours so that published tables can be compared.
+* **acceptance at depth d** = the share of steps whose draft reached depth d (an
+  acceptable draft node that deep: ``draft_depths``) and whose path reached depth d - 1,
+  that accepted a draft at depth d: how often a depth-d draft is accepted given that its
+  parent was. For a chain this is exact; for a tree, "its parent" is the accepted node
+  at depth d - 1, whichever it was, and the step counts if the tree reaches depth d
+  anywhere. Each turn's last step is left out (the budget or a stop token may have cut
+  it short), as are prefill steps (no draft).
+* **per-drafter** numbers (hybrids, ``step_info``): a drafter's share of the steps
+  that drafted, and the MAT of its steps (mean accept length over them).
 """
 from __future__ import annotations
+
+import math
+from collections import Counter
 
 import pandas as pd
 
@@ -131,3 +143,50 @@ def accept_histogram(records: list[dict]) -> pd.Series:
     """Share of steps (0..1) by accepted length, indexed 1..longest: ``[1, 1, 3, 1]`` -> {1: 0.75, 3: 0.25}."""
     lengths = pd.Series([a for r in records for a in r["choices"][0]["accept_lengths"]], dtype=int)
     return lengths.value_counts(normalize=True).sort_index().rename("share")
+
+
+def _steps(records: list[dict]):
+    """(accept length, draft depth, draft nodes, step info) of every step but each turn's last, from records
+    that carry ``draft_depths`` (the runner writes them)."""
+    for r in records:
+        c = r["choices"][0]
+        if "draft_depths" not in c:
+            continue
+        info = c.get("step_info") or [None] * len(c["accept_lengths"])
+        at = 0
+        for n in c["decoding_steps"]:
+            for i in range(at, at + n - 1):
+                yield c["accept_lengths"][i], c["draft_depths"][i], c["draft_nodes"][i], info[i]
+            at += n
+
+
+def depth_acceptance(records: list[dict], deepest: int | None = None) -> pd.DataFrame:
+    """Per depth d (1..deepest drafted): ``tried`` (steps that could accept a depth-d draft), ``accepted``
+    and ``rate`` (metrics' "acceptance at depth d"). Worked example: steps of depth 2 accepting [1, 2, 3] tokens
+    (0, 1, 2 drafts): depth 1 tried 3, accepted 2; depth 2 tried 2, accepted 1."""
+    tried, hit = Counter(), Counter()
+    for length, depth, _, _ in _steps(records):
+        drafts = length - 1
+        for d in range(1, min(depth, drafts + 1) + 1):
+            tried[d] += 1
+            hit[d] += drafts >= d
+    top = max(tried, default=0) if deepest is None else deepest
+    rows = [{"depth": d, "tried": tried[d], "accepted": hit[d], "rate": hit[d] / tried[d] if tried[d] else math.nan}
+            for d in range(1, top + 1)]
+    return pd.DataFrame(rows, columns=["depth", "tried", "accepted", "rate"]).set_index("depth")
+
+
+def drafter_table(records: list[dict]) -> pd.DataFrame:
+    """Per drafter of a hybrid (``step_info``'s ``drafter``): ``steps``, ``share`` of the drafting steps, ``mat``
+    (mean accept length of its steps, each turn's last left out) and ``nodes`` (mean draft size). Empty for a
+    method that records no drafter."""
+    steps, tokens, nodes = Counter(), Counter(), Counter()
+    for length, _, size, info in _steps(records):
+        if info and "drafter" in info:
+            steps[info["drafter"]] += 1
+            tokens[info["drafter"]] += length
+            nodes[info["drafter"]] += size
+    total = sum(steps.values())
+    rows = [{"drafter": d, "steps": n, "share": n / total, "mat": tokens[d] / n, "nodes": nodes[d] / n}
+            for d, n in steps.most_common()]
+    return pd.DataFrame(rows, columns=["drafter", "steps", "share", "mat", "nodes"]).set_index("drafter")

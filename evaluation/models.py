@@ -34,6 +34,7 @@ class ModelSpec:
     attn_implementation: str = "sdpa"
     max_context: int | None = None  # default: config.max_position_embeddings
     eagle_head: str | None = None
+    sam_corpus: str | None = None  # the static corpus of SAM-Decoding's methods (methods.sam): a token file
 
 
 def resolve_device(device: str) -> torch.device:
@@ -264,6 +265,17 @@ def load_model(spec: ModelSpec):
                            f"tensor(s) its config.json needs ({missing[0]}, ...); config.json and the weights "
                            f"come from different models")
     return model.eval(), tok, device
+
+
+def load_tokenizer(spec: ModelSpec):
+    """The model's tokenizer alone (tokenizing a corpus needs no weights)."""
+    from transformers import AutoTokenizer
+
+    where = checkpoint_path(spec)
+    try:
+        return AutoTokenizer.from_pretrained(where, local_files_only=isinstance(where, str) and hub.offline())
+    except (OSError, ValueError, ImportError) as e:
+        raise _load_error(spec, where, e) from None
 
 
 def stop_token_ids(model, tok) -> set[int]:

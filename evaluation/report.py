@@ -13,8 +13,10 @@ their mean and spread. Each model's baseline is its vanilla run(s), or ``--basel
 Writes to --out (default ``results/reports/<time>``): ``main_table.{md,csv,tex}``
 (one row per model and method: speedup per Spec-Bench task, MAT, tokens/s, overall
 speedup, the layout of the TR paper's Table 1), ``tasks.csv`` (every number of every
-task), ``environment.json`` and figures as PNG and PDF: ``speedup_per_task``,
-``accept_lengths``, and where the runs form an ablation ``ablation_k``,
+task), ``environment.json``, ``acceptance_by_depth.{md,csv}`` (how often a depth-d draft is
+accepted given that its parent was, per method), ``drafters.{md,csv}`` (hybrids: each drafter's
+share of the steps and its MAT) and figures as PNG and PDF: ``speedup_per_task``,
+``accept_lengths``, ``acceptance_by_depth``, and where the runs form an ablation ``ablation_k``,
 ``ablation_tree_size``, ``ablation_tree_depth`` and ``start_policies``. All numbers
 come from ``evaluation.metrics``.
 
@@ -28,9 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.figures import plot_ablations, plot_accept_lengths, plot_speedup, plot_start_policies
+from evaluation.figures import (plot_ablations, plot_accept_lengths, plot_depth_acceptance, plot_speedup,
+                                plot_start_policies)
 from evaluation.runs import bench_line, check_machines, collect, environment_line, group_runs, timing_note
-from evaluation.tables import main_table, task_stats, to_latex, to_markdown
+from evaluation.tables import (depth_markdown, depth_stats, drafter_markdown, drafter_stats, main_table, task_stats,
+                               to_latex, to_markdown)
 from methods.common import RESULTS, exit_on_error, write_json_atomic, write_text_atomic
 
 
@@ -57,12 +61,23 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
                   "baseline": [str(b.path) for b in g.baseline],
                   "environment": [r.summary.get("environment") for r in g.runs]} for g in groups]})
     files = [out / n for n in ("main_table.md", "main_table.csv", "main_table.tex", "tasks.csv", "environment.json")]
+    depths, drafters = depth_stats(groups), drafter_stats(groups)
+    if len(depths):
+        write_text_atomic(out / "acceptance_by_depth.md", depth_markdown(depths) + "\n")
+        write_text_atomic(out / "acceptance_by_depth.csv", depths.to_csv(index=False))
+        files += [out / "acceptance_by_depth.md", out / "acceptance_by_depth.csv"]
+    if len(drafters):
+        write_text_atomic(out / "drafters.md", drafter_markdown(drafters) + "\n")
+        write_text_atomic(out / "drafters.csv", drafters.to_csv(index=False))
+        files += [out / "drafters.md", out / "drafters.csv"]
     if figures:
         files += plot_speedup(stats, groups, out, env)
         files += plot_accept_lengths(groups, out, env)
         files += plot_ablations(stats, groups, out, env)
         files += plot_start_policies(stats, groups, out, env)
-    return {"table": table, "stats": stats, "groups": groups, "files": files}
+        files += plot_depth_acceptance(depths, out, env, bench_line(groups))
+    return {"table": table, "stats": stats, "groups": groups, "depths": depths, "drafters": drafters,
+            "files": files}
 
 
 @exit_on_error
@@ -78,6 +93,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else RESULTS / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
     result = report(args.runs, out, args.baseline, figures=not args.no_figures, mixed_machines=args.mixed_machines)
     print(to_markdown(result["table"]))
+    if len(result["drafters"]):
+        print("\n" + drafter_markdown(result["drafters"]))
     print(f"\n{bench_line(result['groups'])}; {environment_line(result['groups'])}")
     note = timing_note(result["groups"])
     if note:

@@ -191,6 +191,18 @@ class Runner:
         references verify their first drafts in the prompt's own forward, so our prefill step joins the next."""
         return int(self.proposer.drafts and gen.prefill_step and len(gen.accept_lengths) > 1)
 
+    @staticmethod
+    def _per_step(turns: list[Generation]) -> dict:
+        """The loop's per-step records, all turns in a row as ``accept_lengths`` (a decoder that keeps none,
+        like HF generate in benchmarks, writes none)."""
+        out = {}
+        if all(g.draft_nodes is not None for g in turns):
+            out["draft_nodes"] = [n for g in turns for n in g.draft_nodes]
+            out["draft_depths"] = [d for g in turns for d in g.draft_depths]
+        if any(g.step_info for g in turns):
+            out["step_info"] = [i for g in turns for i in (g.step_info or [None] * len(g.accept_lengths))]
+        return out
+
     def answer(self, q: Question) -> dict:
         answers, turns = [], []
         for i in range(len(q.turns)):
@@ -224,6 +236,7 @@ class Runner:
                 "stop": [g.stop for g in turns],
                 "prefill_step": [g.prefill_step for g in turns],
                 "spec_bench_steps": [len(g.accept_lengths) - self._folded(g) for g in turns],
+                **self._per_step(turns),
             }],
             "tstamp": time.time(),
         }

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 
 from evaluation.data import TASKS
-from evaluation.metrics import OVERALL, repeat_table
+from evaluation.metrics import OVERALL, depth_acceptance, drafter_table, repeat_table
 from evaluation.runs import Group
 
 TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
@@ -44,6 +44,51 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
                    speedup=o["speedup"], speedup_std=o["speedup_std"], questions=int(o["questions"]))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+DEPTHS = 8  # depth columns of the markdown table (the CSV has every depth)
+
+
+def depth_stats(groups: list[Group]) -> pd.DataFrame:
+    """Long table: acceptance at each depth (``evaluation.metrics.depth_acceptance``) per model and method that
+    drafted (rows: model, method, depth, tried, accepted, rate)."""
+    frames = []
+    for g in groups:
+        t = depth_acceptance(g.records)
+        if len(t) and not g.is_baseline:
+            frames.append(t.reset_index().assign(model=g.model, method=g.label))
+    cols = ["model", "method", "depth", "tried", "accepted", "rate"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def depth_markdown(long: pd.DataFrame) -> str:
+    """Rate (and tries) per depth, one row per model and method, depths 1..DEPTHS."""
+    header = ["Model", "Method"] + [f"d={d}" for d in range(1, DEPTHS + 1)]
+    rows = [header, ["---"] * 2 + ["---:"] * DEPTHS]
+    for (model, method), t in long.groupby(["model", "method"], sort=False):
+        t = t.set_index("depth")
+        cells = [f"{t.loc[d, 'rate']:.3f} ({int(t.loc[d, 'tried'])})" if d in t.index and t.loc[d, "tried"] else "-"
+                 for d in range(1, DEPTHS + 1)]
+        rows.append([str(model), str(method)] + cells)
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def drafter_stats(groups: list[Group]) -> pd.DataFrame:
+    """Long table: each hybrid's drafters (``evaluation.metrics.drafter_table``): model, method, drafter, steps,
+    share, mat, nodes. Empty when no method records its drafters."""
+    frames = [drafter_table(g.records).reset_index().assign(model=g.model, method=g.label) for g in groups]
+    cols = ["model", "method", "drafter", "steps", "share", "mat", "nodes"]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def drafter_markdown(long: pd.DataFrame) -> str:
+    header = ["Model", "Method", "Drafter", "Steps", "Share", "MAT", "Nodes"]
+    rows = [header, ["---"] * 3 + ["---:"] * 4]
+    for _, r in long.iterrows():
+        rows.append([str(r["model"]), str(r["method"]), str(r["drafter"]), str(int(r["steps"])),
+                     f"{100 * r['share']:.1f}%", f"{r['mat']:.2f}", f"{r['nodes']:.1f}"])
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
 def _cell(mean: float, std: float, digits: int, pm: str) -> str:

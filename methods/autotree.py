@@ -155,3 +155,50 @@ def choose_tree(p: list[list[float]], cost: dict[int, float], k: int, max_depth:
             "mat": best["mat"], "mat_source": "calibration decode" if measured else "model",
             "expected_speedup": best["tokens_per_ms"] / plain["tokens_per_ms"],
             "scores": [{k_: v for k_, v in s.items() if k_ != "tree"} for s in scores]}
+
+
+CHAIN_BUCKETS = (0, 2, 5, 10, 20)  # a chain's cap is chosen per match score: threshold + these start the ranges
+
+
+def choose_chain_caps(chains: list[tuple[int, int, int]], others: int, cost: dict[int, float], threshold: int,
+                      most: int, other: tuple[float, int] | None = None) -> dict:
+    """Caps on a retrieved chain's length, one per range of match scores, that maximise expected tokens per
+    millisecond over a calibration's steps.
+
+    ``chains`` are the calibration's chain steps, drafted with up to ``most`` tokens: (match score, tokens
+    drafted, tokens accepted). Capped at ``n``, such a step would have had ``min(accepted, n)`` accepted for
+    ``min(drafted, n)`` drafted: a chain's prefix is accepted as far as the chain is, so the counterfactual is
+    exact. ``others`` steps had no chain; each yields ``other[0]`` tokens for a forward of ``other[1]`` tokens
+    (default: a plain step, 1 and 1). The ratio of sums is maximised by Dinkelbach's iteration: at rate
+    ``lam``, each range takes the cap that maximises its tokens - lam * ms, then lam becomes the new rate; it
+    rises until no cap changes. A range without calibration steps takes its neighbour's cap.
+    """
+    tokens_each, nodes = other or (1.0, 1)
+    starts = [threshold + b for b in CHAIN_BUCKETS]
+    ranges = [[c for c in chains if lo <= c[0] < hi] for lo, hi in zip(starts, starts[1:] + [float("inf")])]
+
+    def value(steps, n, lam):
+        return sum(1 + min(a, n) - lam * cost[1 + min(d, n)] for _, d, a in steps)
+
+    def rate(caps):
+        tokens = others * tokens_each + sum(1 + min(a, n) for steps, n in zip(ranges, caps) for _, d, a in steps)
+        ms = others * cost[nodes] + sum(cost[1 + min(d, n)] for steps, n in zip(ranges, caps) for _, d, a in steps)
+        return tokens / ms if ms else 0.0
+
+    caps = [most] * len(ranges)
+    fixed = lam = rate(caps)
+    for _ in range(50):
+        new = [max(range(1, most + 1), key=lambda n: (value(steps, n, lam), -n)) if steps else most
+               for steps in ranges]
+        if new == caps:
+            break
+        caps, lam = new, rate(new)
+    have = [i for i, steps in enumerate(ranges) if steps]
+    for i, steps in enumerate(ranges):  # an empty range: the cap of the nearest range with steps
+        if not steps and have:
+            caps[i] = caps[min(have, key=lambda j: (abs(j - i), -j))]
+    return {"caps": [[lo, n] for lo, n in zip(starts, caps)],
+            "steps": [len(steps) for steps in ranges], "chain_steps": len(chains), "other_steps": others,
+            "other_step": {"tokens": tokens_each, "nodes": nodes},
+            "expected_speedup_vs_uncapped": rate(caps) / fixed if fixed else 1.0,
+            "expected_tokens_per_ms": rate(caps)}

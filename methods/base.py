@@ -32,6 +32,13 @@ class Draft:
     tokens: torch.Tensor  # [n] long, tokens[0] is the root (the last committed token)
     tree: Tree  # topology of the n nodes, same device as tokens
     acceptable: torch.Tensor | None = None  # [n] bool; False: forwarded for its logits, never accepted
+    depth: int | None = None  # depth of the deepest acceptable node (None: the tree's depth), for the answer file
+    info: dict | None = None  # what the proposer records about this step in the answer file (a hybrid: which
+    #                           drafter drafted it), JSON-able: ``step_info`` there, one entry per step
+
+    @property
+    def acceptable_depth(self) -> int:
+        return self.tree.max_depth if self.depth is None else self.depth
 
 
 @dataclass

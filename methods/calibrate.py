@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from methods.autotree import MAX_DEPTH, acceptance_table, choose_tree, cost_curve, measure_cost
+from methods.autotree import MAX_DEPTH, acceptance_table, choose_chain_caps, choose_tree, cost_curve, measure_cost
 from methods.base import Preparation
 from methods.common import DATA, read_json, write_json_atomic
 from methods.decode import generate
@@ -104,7 +104,7 @@ def auto_tree(tr, prep: Preparation) -> tuple[Tree, dict]:
     """The tree ``tr`` (a TokenRecycling with tree=auto) should draft with on this engine, and how it was
     chosen (for the run summary)."""
     cal = calibration(tr, prep)
-    rows = measure_cost(prep.engine)
+    rows = engine_cost(prep.engine)
     choice = choose_tree(cal["accept"], cost_curve(rows), tr.k, measured=cal["measured"])
     tree = choice.pop("tree")
     info = {**choice, "accept": [[round(x, 4) for x in row] for row in cal["accept"]], "calibration": cal["source"],
@@ -112,3 +112,62 @@ def auto_tree(tr, prep: Preparation) -> tuple[Tree, dict]:
             "cpu_threads": torch.get_num_threads()}
     info["scores"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in s.items()} for s in info["scores"]]
     return tree, info
+
+
+_COSTS: dict[int, tuple[object, list[dict]]] = {}
+
+
+def engine_cost(engine) -> list[dict]:
+    """``measure_cost`` of this engine, measured once per run (a hybrid's two drafters share it)."""
+    if id(engine) not in _COSTS or _COSTS[id(engine)][0] is not engine:
+        _COSTS[id(engine)] = (engine, measure_cost(engine))
+    return _COSTS[id(engine)][1]
+
+
+# max_draft=auto (methods.sam): the retrieved chains of SAM alone with the reference's chain length, on own prompts
+# that the embedded model's corpus leaves out (scripts/make_sam_corpus.py), counted per match score.
+CHAIN_PROMPTS = 48
+CHAIN_TOKENS = 128
+
+
+def chain_calibration(proposer, prep: Preparation) -> dict:
+    """The chain steps (match score, drafted, accepted) and the number of other steps of ``proposer.probe()``
+    (SAM alone, chains of the reference's length) over our own prompts; cached per model, corpus (its
+    ``corpus_digest``) and SAM settings (the embedded model's defaults come with the project)."""
+    corpus = proposer.corpus_digest or "none"
+    name = (f"{prep.model_name}-sam-{corpus}-t{proposer.threshold}-b{proposer.static_bias}-"
+            f"{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json")
+    file = prep.cache / "autotree" / name
+    for known in (file, SHIPPED / name):
+        if known.is_file():
+            return read_json(known, "a max_draft=auto calibration (delete it to calibrate again)")
+    print(f"max_draft=auto: calibrating SAM's chains for {prep.model_name} (once; cached in {file}): "
+          f"{CHAIN_PROMPTS} prompts of our own, {CHAIN_TOKENS} tokens each", flush=True)
+    probe, started, others = proposer.probe(), time.perf_counter(), 0
+    for ids in prep.prompts(CHAIN_PROMPTS):
+        gen = generate(prep.engine, probe, ids, max_new_tokens=CHAIN_TOKENS, stop_ids=prep.stop_ids)
+        others += len(gen.accept_lengths) - int(gen.prefill_step)
+    others -= len(probe.log)
+    engine = prep.engine
+    saved = {"chains": probe.log, "other_steps": others,
+             "source": {"prompts": f"evaluation.own_prompts.calibration_prompts({CHAIN_PROMPTS})",
+                        "max_new_tokens": CHAIN_TOKENS, "max_draft": probe.max_draft,
+                        "threshold": proposer.threshold, "static_bias": proposer.static_bias,
+                        "corpus": proposer.corpus_file, "corpus_sha256": corpus,
+                        "measured_on": {"device": str(engine.device), "dtype": str(engine.dtype),
+                                        "engine": type(engine).__name__, "threads": torch.get_num_threads(),
+                                        "seconds": round(time.perf_counter() - started)}}}
+    write_json_atomic(file, saved, indent=1)
+    return saved
+
+
+def chain_budget(proposer, prep: Preparation, other: tuple[float, int] | None = None) -> dict:
+    """max_draft=auto: the chain's caps by match score for this engine (``methods.autotree.choose_chain_caps``),
+    from the cached chain statistics and this run's cost curve; ``other`` the (tokens, nodes) of a step without
+    a chain, where the tree drafter knows them."""
+    cal = chain_calibration(proposer, prep)
+    rows = engine_cost(prep.engine)
+    choice = choose_chain_caps([tuple(c) for c in cal["chains"]], cal["other_steps"], cost_curve(rows),
+                               proposer.threshold, cal["source"]["max_draft"], other)
+    return {**choice, "calibration": cal["source"],
+            "cost": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows]}

@@ -6,7 +6,10 @@ accepted drafts plus the bonus token. Generation ends after the first stop token
 (which is kept in ``token_ids`` and counted) or when ``max_new_tokens`` are
 reached; tokens past either end are dropped from the step that produced them.
 So ``sum(accept_lengths) == len(token_ids)`` and ``len(accept_lengths)`` is the
-number of target forwards, for every method.
+number of target forwards, for every method. Beside each step's accept length the loop keeps
+its draft's size (nodes, the root included: the prefill step's is 0), the depth of its deepest
+acceptable draft (``draft_depths``: per-depth acceptance, ``evaluation.metrics``) and what the
+proposer said of it (``Draft.info``, a hybrid's drafter).
 
 A proposer that sets ``drafts_first`` (Token Recycling and Lookahead, whose reference
 code prefills the prompt but its last token) gets a prefill of the prompt without its last
@@ -39,6 +42,9 @@ class Generation:
     decode_time: float  # seconds, after the prefill
     stop: str  # "eos" or "length"
     prefill_step: bool = True  # accept_lengths[0] is the prefill's one token (False: drafts_first)
+    draft_nodes: list[int] | None = None  # per step, as accept_lengths: nodes forwarded (the prefill step: 0)
+    draft_depths: list[int] | None = None  # per step: depth of the deepest acceptable draft (plain step: 0)
+    step_info: list[dict | None] | None = None  # per step: the proposer's Draft.info (None where it gave none)
 
     @property
     def wall_time(self) -> float:
@@ -80,6 +86,9 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
     engine.start(n_prompt + max_new_tokens + DRAFT_ROOM)
     new: list[int] = []
     accept_lengths: list[int] = []
+    nodes: list[int] = []
+    depths: list[int] = []
+    info: list[dict | None] = []
 
     def commit(tokens: list[int]) -> bool:
         """Append a step's tokens, cut at the first stop token or the budget; True when generation ends."""
@@ -101,6 +110,8 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
     prefill = n_prompt - 1 if first_step else n_prompt
     logits, states = engine.forward(ids[:prefill], last_only=not full, hidden=hidden)
     proposer.reset(ids[:prefill], turn, logits if full else None, states)
+    if not first_step:
+        nodes.append(0), depths.append(0), info.append(None)
     done = False if first_step else commit([int(logits[-1].argmax())])
     sync(device)
     t1 = time.perf_counter()
@@ -115,7 +126,9 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
             proposer.update(draft, result)
         # 5. Commit accepted drafts and the bonus token.
         done = commit(result.new_tokens)
+        nodes.append(draft.tree.size), depths.append(draft.acceptable_depth), info.append(draft.info)
     sync(device)
     t2 = time.perf_counter()
     return Generation(new, accept_lengths, t1 - t0, t2 - t1, "eos" if new[-1] in stop_ids else "length",
-                      prefill_step=not first_step)
+                      prefill_step=not first_step, draft_nodes=nodes, draft_depths=depths,
+                      step_info=info if any(i is not None for i in info) else None)

@@ -140,7 +140,8 @@ class Lookahead(Proposer):
             for j in range(sizes[1]):
                 built += [lv[j] for lv in self.levels[1:]]
         tokens = torch.tensor([built[i] for i in order], device=self.device)
-        return Draft(tokens, tree.to(self.device), acceptable.to(self.device))
+        depth = (self.level - 1 - self.reference_bonus) if candidates else 0  # the window is never accepted
+        return Draft(tokens, tree.to(self.device), acceptable.to(self.device), depth=depth)
 
     def update(self, draft: Draft, result: Verification) -> None:
         new = result.argmax[self._last].tolist()

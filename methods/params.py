@@ -21,12 +21,17 @@ from dataclasses import MISSING, field
 from methods.common import HarnessError
 
 
+AUTO = "auto"
+
+
 def param(default, help: str, *, low: int | None = None, high: int | None = None, choices: tuple | None = None,
-          config=MISSING):
+          config=MISSING, auto: bool = False):
     """A parameter: its default, one line of help, an integer range or a set of choices, and optionally the
-    value the run's config gives it instead of ``default`` (an interpolation such as ``${model.x}``)."""
+    value the run's config gives it instead of ``default`` (an interpolation such as ``${model.x}``).
+    ``auto``: an integer parameter that may also be ``auto`` (chosen by the method for this device; annotate
+    it ``int | str``)."""
     return field(default=default, metadata={"help": help, "low": low, "high": high, "choices": choices,
-                                            "config": config})
+                                            "config": config, "auto": auto})
 
 
 def _show(value) -> str:
@@ -43,6 +48,10 @@ def _check(value, kind, meta: dict, key: str) -> None:
         if not any(value == c and type(value) is type(c) for c in choices):
             raise HarnessError(f"{key} must be one of {', '.join(_show(c) for c in choices)}, got {value!r}")
         return
+    if meta.get("auto"):
+        if value == AUTO:
+            return
+        kind = int
     optional = isinstance(kind, types.UnionType) and type(None) in typing.get_args(kind)
     if optional:
         if value is None:
@@ -54,6 +63,7 @@ def _check(value, kind, meta: dict, key: str) -> None:
     elif kind is int:
         top = f" to {high}" if high is not None else ""
         what = f"an integer from {low}{top}" if low is not None else "an integer"
+        what += f" or {AUTO}" if meta.get("auto") else ""
         if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) \
                 or (high is not None and value > high):
             raise HarnessError(f"{key} must be {what}, got {value!r}")
@@ -101,6 +111,7 @@ def describe(name: str, declaration: type) -> list[str]:
             allowed = " | ".join(_show(c) for c in m["choices"])
         elif m.get("low") is not None:
             allowed = f"{m['low']}..{m['high'] if m.get('high') is not None else ''}"
+            allowed += f" | {AUTO}" if m.get("auto") else ""
         else:
             kind = hints[f.name]
             allowed = getattr(kind, "__name__", str(kind))

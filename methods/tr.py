@@ -18,9 +18,11 @@ rank 0 under the first child), root token 5, ``M[5] = [7, 3]``, ``M[7] = [9, 4]`
     depth 2: node 3     <- M[7, 0]          = 9         draft tokens [5, 7, 3, 9]
 
 Start policies (``start``): ``hot`` (the paper: M carries over warm-up, turns
-and questions), ``cold`` (M zeroed at every question) and ``prompt`` (zeroed at
+and questions), ``cold`` (M zeroed at every question), ``prompt`` (zeroed at
 every question, then every turn's prompt seeds the rows of its tokens from the
-prefill logits, in prompt order, later positions winning).
+prefill logits, in prompt order, later positions winning) and ``hot_prompt`` (M
+carries over, and every turn's prompt seeds its rows: SAM-Decoding's Token
+Recycling, which updates from the prefill's logits too).
 
 Following the reference code (Luowaterbi/TokenRecycling, ``evaluation/inference_recycling.py``,
 ``recycling_forward``): the prefill covers the prompt but its last token, so the first step
@@ -42,7 +44,8 @@ from methods.common import HarnessError
 from methods.params import param
 from methods.tree import Tree, TreeError, load_template
 
-STARTS = ("hot", "cold", "prompt")
+STARTS = ("hot", "cold", "prompt", "hot_prompt")
+SEEDED = ("prompt", "hot_prompt")  # the starts that write the prompt's rows from its prefill logits
 FIRST_STEPS = ("tree", "prefill")
 AUTO = "auto"  # method.tree=auto: the tree chosen for this engine and device (methods.autotree)
 
@@ -84,7 +87,8 @@ class TokenRecycling(Proposer):
         tree: str = param("paper", "a template in data/trees/ (paper = 2.2.2: 80 drafts, depth 6), a .json path, "
                           "or auto (chosen for this engine and device: methods/autotree.py)")
         start: str = param("hot", "hot (paper: M carries across warm-up, turns, questions) | cold (zeros per "
-                           "question) | prompt (zeros per question, seeded from prompt logits)", choices=STARTS)
+                           "question) | prompt (zeros per question, seeded from prompt logits) | hot_prompt (carries "
+                           "over and seeded from prompt logits: SAM-Decoding's TR)", choices=STARTS)
         fit_tree_to_k: bool = param(False, "true: clip ranks >= k from the tree, or widen full-width nodes to k "
                                     "(the K ablation's rule)")
         first_step: str = param("tree", "tree (the reference: the prefill leaves out the prompt's last token, "
@@ -97,7 +101,7 @@ class TokenRecycling(Proposer):
         self.first_step = first_step
         self.drafts_first = first_step == "tree"  # the reference's prefill: the prompt but its last token
         self.topk = k  # the verifier hands back every node's top-K: the update needs nothing else
-        self.wants_prompt_logits = start == "prompt"
+        self.wants_prompt_logits = start in SEEDED
         # int16 holds ids below 32768 (Llama-2/Vicuna's 32000); larger vocabularies take int32.
         dtype = torch.int16 if vocab_size <= torch.iinfo(torch.int16).max + 1 else torch.int32
         self.M = torch.zeros(vocab_size, k, dtype=dtype, device=device)  # [vocab, K]
@@ -167,7 +171,7 @@ class TokenRecycling(Proposer):
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
-        if self.start != "hot" and turn == 0:
+        if self.start in ("cold", "prompt") and turn == 0:
             self.M.zero_()
         if prompt_logits is not None:
             self._write(prompt_ids, prompt_logits.topk(self.k, dim=-1).indices)
@@ -180,8 +184,11 @@ class TokenRecycling(Proposer):
         return Draft(tokens.clone(), self.tree)
 
     def update(self, draft: Draft, result: Verification) -> None:
+        """Every verified node's row, whoever drafted the tree (a hybrid's other drafter too); the template's
+        acceptance statistics from TR's own trees only."""
         self._write(draft.tokens, result.topk)
-        self.node_accepts[result.path] += 1
+        if draft.tree is self.tree:
+            self.node_accepts[result.path] += 1
 
     def _write(self, tokens: torch.Tensor, top: torch.Tensor) -> None:
         """``M[tokens[i]] = top[i]`` (the top-K successors at position i) for all i; duplicates: the last i wins.

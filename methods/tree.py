@@ -53,7 +53,7 @@ class Tree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth[-1])  # BFS order: the last node is among the deepest
+        return len(self.paths[-1]) - 1  # BFS order: the last node is among the deepest (host-side: no sync)
 
     def leaf_paths(self) -> list[list[int]]:
         """Root-to-leaf node paths, leaves in BFS order."""
@@ -252,3 +252,30 @@ def additive_mask(allowed: torch.Tensor, past: int, dtype: torch.dtype) -> torch
 def tree_mask(tree: Tree, past: int, dtype: torch.dtype) -> torch.Tensor:
     """[1, 1, n, past + n] additive mask: 0 where a node may attend (the prefix, its ancestors), else the minimum."""
     return additive_mask(tree.ancestors, past, dtype)
+
+
+def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
+    """A draft tree with ``chain`` (tokens to follow the root) added as a path from the root, sharing the
+    tree's nodes where they already draft its first tokens: (the new tree, its tokens), breadth-first.
+
+    >>> t = Tree.from_parents((-1, 0, 0, 1))           # root 5 -> {7, 3}, 7 -> 9
+    >>> new, toks = graft(t, [5, 7, 3, 9], [7, 8, 2])  # 7 is shared, 8 and 2 hang under it
+    >>> new.parents, toks
+    ((-1, 0, 0, 1, 1, 4), [5, 7, 3, 9, 8, 2])
+    """
+    parents, tokens = list(tree.parents), list(tokens)
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents[1:], start=1):
+        children.setdefault(p, []).append(i)
+    node, i = 0, 0
+    while i < len(chain):
+        shared = next((c for c in children.get(node, []) if tokens[c] == chain[i]), None)
+        if shared is None:
+            break
+        node, i = shared, i + 1
+    for t in chain[i:]:
+        parents.append(node)
+        tokens.append(t)
+        node = len(parents) - 1
+    new, order = Tree.breadth_first(parents)
+    return new, [tokens[j] for j in order]

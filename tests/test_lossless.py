@@ -52,6 +52,13 @@ def test_sample_is_stratified():
     ["method=lookahead", "method.level=3", "method.window=4", "method.guess=3"],
     ["method=eagle", "method.head=random"],          # EAGLE-1's tree, a random head: lossless, only slow
     ["method=eagle2", "method.head=random", "method.total_tokens=20"],
+    ["method=sam"],                                  # SAM-Decoding alone: the request and the shipped corpus
+    ["method=sam", "method.corpus=null", "method.max_draft=8"],
+    ["method=sam_tr"],                               # SAM-Decoding's defaults with Token Recycling's paper tree
+    ["method=sam_tr", "method.merge=true", "method.tree=grown-n30-d6"],   # chain and tree in one tree
+    ["method=sam_tr", "method.tree=auto", "method.max_draft=auto"],       # sized for this device
+    ["method=sam_eagle2", "method.total_tokens=20"],  # the shipped EAGLE head
+    ["method=sam_eagle2", "method.total_tokens=20", "method.merge=true"],
 ], ids=lambda o: ",".join(o))
 @pytest.mark.slow
 def test_method_is_lossless(reference, loaded, overrides):

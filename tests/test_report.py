@@ -289,3 +289,44 @@ def test_engine_names_tell_configurations_apart():
         "static(compiled)"
     assert engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "reduce-overhead"}) \
         == "static(compiled:reduce-overhead)"
+
+
+def steps_rec(qid, category, accepts, depths, drafters=None, turns=None):
+    """A record with the runner's per-step fields: draft depths (nodes: 2 per depth) and drafters."""
+    r = rec(qid, category, sum(accepts), 1.0, accepts)
+    c = r["choices"][0]
+    if turns:
+        c.update(decoding_steps=turns, turns=["x"] * len(turns), new_tokens=[0] * len(turns),
+                 wall_time=[0.5] * len(turns))
+    c.update(draft_depths=depths, draft_nodes=[2 * d for d in depths])
+    if drafters:
+        c["step_info"] = [{"drafter": d} if d else None for d in drafters]
+    return r
+
+
+def test_acceptance_per_depth_and_drafter_shares_equal_hand_computed_numbers(tmp_path):
+    from evaluation.metrics import depth_acceptance, drafter_table
+
+    # one turn: prefill (depth 0), then steps of depth 3 accepting 0, 1 and 3 drafts, then a last step (left out)
+    records = [steps_rec(1, "qa", [1, 1, 2, 4, 2], [0, 3, 3, 3, 3], [None, "tr", "sam", "sam", "tr"])]
+    t = depth_acceptance(records)
+    assert t["tried"].tolist() == [3, 2, 1] and t["accepted"].tolist() == [2, 1, 1]
+    assert t["rate"].tolist() == pytest.approx([2 / 3, 1 / 2, 1.0])
+    d = drafter_table(records)
+    assert d.loc["sam", "steps"] == 2 and d.loc["sam", "share"] == pytest.approx(2 / 3)
+    assert d.loc["sam", "mat"] == pytest.approx(3.0) and d.loc["tr", "mat"] == pytest.approx(1.0)
+    assert d.loc["sam", "nodes"] == pytest.approx(6.0)
+    # two turns: each turn's last step is left out (here the second and the fourth)
+    two = [steps_rec(2, "qa", [2, 1, 3, 1], [1, 1, 2, 2], turns=[2, 2])]
+    assert depth_acceptance(two)["tried"].tolist() == [2, 1] and depth_acceptance(two)["accepted"].tolist() == [2, 1]
+    assert drafter_table(two).empty and depth_acceptance([rec(1, "qa", 2, 1.0, [1, 1])]).empty
+
+    root = tmp_path / "runs"
+    write_run(root / "vanilla", "vanilla", [steps_rec(1, "qa", [1] * 10, [0] * 10)])
+    write_run(root / "sam_tr", "sam_tr", records)
+    result = rp.report([str(root)], tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "acceptance_by_depth.md").read_text()
+    assert "| tiny-llama | sam_tr | 0.667 (3) | 0.500 (2) | 1.000 (1) | - |" in md
+    assert "vanilla" not in md  # no drafts, no row
+    assert "| tiny-llama | sam_tr | sam | 2 | 66.7% | 3.00 | 6.0 |" in (tmp_path / "out" / "drafters.md").read_text()
+    assert len(result["drafters"]) == 2

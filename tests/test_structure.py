@@ -9,14 +9,14 @@ from methods.common import ROOT
 # methods/ from the bottom up: a module imports (at its top level) only modules of lower layers.
 LAYERS = [
     {"common"},
-    {"params", "machine", "hub"},
+    {"params", "machine", "hub", "suffix"},
     {"tree", "ops"},
     {"kv", "base"},
     {"engine", "verify"},
     {"decode", "autotree"},
     {"calibrate"},
     {"vanilla", "tr", "pld", "lookahead", "eagle"},
-    {"eagle_train"},
+    {"sam", "eagle_train"},
 ]
 
 
@@ -48,8 +48,9 @@ def test_methods_is_a_strict_stack():
 
 def test_no_method_is_named_outside_its_module():
     """The runner, the reports and the checks take methods from the registry: none imports a method's module."""
-    method_modules = {f"methods.{m}" for m in ("vanilla", "tr", "pld", "lookahead", "eagle")}
-    assert set(known_methods()) >= {"vanilla", "tr", "pld", "lookahead", "eagle", "eagle2"}
+    method_modules = {f"methods.{m}" for m in ("vanilla", "tr", "pld", "lookahead", "eagle", "sam")}
+    assert set(known_methods()) >= {"vanilla", "tr", "pld", "lookahead", "eagle", "eagle2", "sam", "sam_tr",
+                                    "sam_eagle2"}
     for path in (ROOT / "evaluation").glob("*.py"):
         named = imports(path, top_level_only=False) & method_modules
         assert not named, f"{path.relative_to(ROOT)} imports {sorted(named)}"

@@ -1,0 +1,294 @@
+"""SAM-Decoding (Hu et al., arXiv 2411.10666, ACL 2025): drafts retrieved by suffix automata, alone or with a tree drafter.
+
+Every step looks for the longest suffix of the committed sequence (its newest token, the root,
+included) that occurred before, in two suffix automata (``methods.suffix``):
+
+* the **dynamic** one over the request's prompt and output so far, all but the root (rebuilt for
+  every request; a second turn's prompt holds the first turn);
+* the **static** one over a corpus (``method.corpus``, by default the model config's
+  ``sam_corpus``), whose match length counts ``static_bias`` less.
+
+When the better match scores at least ``threshold`` (a tie goes to the dynamic automaton), the
+tokens that followed its first occurrence are the draft, a chain of up to ``max_draft`` (the
+dynamic automaton moves to a shorter match whose first occurrence is followed by ``max_draft``
+tokens, when the longest one's is not: SAM-Decoding's ``to_anc``). Otherwise the step is the
+tree drafter's:
+
+* ``sam``: none, a plain step;
+* ``sam_tr``: Token Recycling (``methods.tr``); its matrix learns from every verified node,
+  whichever drafter drafted it, and from the prompt's prefill logits (``start=hot_prompt``);
+* ``sam_eagle2``: EAGLE-2 (``methods.eagle``), whose head is fed every accepted token.
+
+This follows SAM-Decoding's code (hyx1999/SAM-Decoding, commit 18c41f0): ``DraftModel.lookup``
+in ``samd/draft.py`` (the choice), ``DynSAM`` and ``StaticSAM`` in ``samd/sam/`` (``transfer_state``,
+``to_anc``, ``gen_draft``), the prefill's update in ``samd/samd_model.py`` and the defaults of
+``samd/samd_config.py`` and ``scripts/inference_samd.sh`` (``n_predicts=40`` tokens with the root,
+so 39 drafts; threshold 5; bias 5). Where we differ, the tokens are the same and only the work
+differs: a continuation shorter than ``max_draft`` is drafted as it is (the reference pads it with
+token 0 to 40), a match with nothing after it falls back to the tree drafter (the reference
+verifies a chain of padding), and a corpus's sequences are kept apart (the reference joins them
+with EOS and adds every vocabulary token as a one-token sequence).
+
+New here: ``merge=true`` (hybrids) verifies the chain and the tree drafter's tree together, the
+chain grafted onto the tree where they share a prefix (``methods.tree.graft``), so that no step has
+to choose; ``max_draft=auto`` caps the chain, by match score, where the tokens it is expected to
+get accepted stop paying for its rows on this device (``methods.calibrate.chain_budget``). Every
+step's drafter and best match score go to the answer file (``step_info``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from methods.base import Draft, Preparation, Proposer, Verification, register
+from methods.calibrate import chain_budget
+from methods.common import CACHE, ROOT, HarnessError
+from methods.eagle import Eagle2
+from methods.params import AUTO, param
+from methods.suffix import FrozenAutomaton, SuffixAutomaton, corpus_automaton
+from methods.tr import FIRST_STEPS, STARTS, TokenRecycling
+from methods.tree import Tree, graft
+
+DYNAMIC, STATIC = "sam", "sam_static"  # the drafter names of a chain step, by the automaton it came from
+
+
+@dataclass(frozen=True)
+class Match:
+    source: str  # DYNAMIC or STATIC
+    length: int  # tokens matched, the root included
+    score: int  # length, less static_bias for the static automaton
+    state: int  # the state of that automaton holding the match
+
+
+class Retrieval:
+    """The two automata of one run: the dynamic one per request, the static one (optional) fixed."""
+
+    def __init__(self, corpus: FrozenAutomaton | None, static_bias: int):
+        self.corpus, self.static_bias = corpus, static_bias
+        self.reset()
+
+    def reset(self) -> None:
+        self.dynamic = SuffixAutomaton()
+        self.cursor = self.static_cursor = (0, 0)  # (state, length) of the longest earlier match of the text's end
+
+    def sync(self, context: torch.Tensor) -> None:
+        """Feed both automata the committed tokens they have not seen, all but the root."""
+        fed, end = len(self.dynamic), len(context) - 1
+        if end <= fed:
+            return
+        dynamic, corpus = self.dynamic, self.corpus
+        for t in context[fed:end].tolist():
+            self.cursor = dynamic.advance(*self.cursor, t)  # matched in the text before t joins it
+            dynamic.extend((t,))
+            self.cursor = dynamic.settle(*self.cursor)
+            if corpus is not None:
+                self.static_cursor = corpus.advance(*self.static_cursor, t)
+
+    def best(self, root: int) -> Match | None:
+        """The better of the two automata's longest matches ending at ``root`` (None: neither matches)."""
+        state, length = self.dynamic.advance(*self.cursor, root)
+        best = Match(DYNAMIC, length, length, state) if length else None
+        if self.corpus is not None:
+            state, length = self.corpus.advance(*self.static_cursor, root)
+            if length and (best is None or length - self.static_bias > best.score):
+                best = Match(STATIC, length, length - self.static_bias, state)
+        return best
+
+    def chain(self, match: Match, n: int) -> list[int]:
+        """Up to ``n`` tokens that followed ``match``'s first occurrence."""
+        if match.source == STATIC:
+            return self.corpus.continuation(match.state, n)
+        d, state = self.dynamic, match.state
+        while d.link[state] > 0 and len(d) - d.end[state] < n:  # SAM-Decoding's to_anc
+            state = d.link[state]
+        return d.continuation(state, n)
+
+
+def corpus_path(ref: str) -> Path:
+    """``method.corpus``: a file as given, or relative to the project root."""
+    path = Path(ref).expanduser()
+    for candidate in (path,) if path.is_absolute() else (path, ROOT / path):
+        if candidate.is_file():
+            return candidate
+    raise HarnessError(f"method.corpus={ref}: no such file; make one with python -m scripts.make_sam_corpus, or "
+                       f"set method.corpus=null to draft from the request alone")
+
+
+CHAIN_MAX = 39  # drafts of the reference's chain (n_predicts = 40 tokens, the root included)
+
+
+class _Retrieving(Proposer):
+    """SAM's chain when its match scores at least ``threshold``, else ``Drafter``'s step (None: a plain step)."""
+
+    Drafter: ClassVar[type | None] = None
+
+    @dataclass
+    class Params:
+        max_draft: int | str = param(CHAIN_MAX, "most tokens a retrieved chain drafts (the reference's 40 with the "
+                                     "root), or auto (capped by match score where they stop paying on this "
+                                     "device)", low=1, high=1024, auto=True)
+        threshold: int = param(5, "a match of at least this score drafts a chain (SAM-Decoding's len_threshold)",
+                               low=1, high=1024)
+        static_bias: int = param(5, "the static automaton's match length counts this much less (len_bias)",
+                                 low=0, high=1024)
+        corpus: str | None = param(None, "the static automaton's corpus file (scripts.make_sam_corpus), or null; "
+                                   "in a run, the model config's sam_corpus", config="${model.sam_corpus}")
+
+    def __init__(self, params, drafter: Proposer | None, corpus: FrozenAutomaton | None, about: dict | None,
+                 device: torch.device):
+        self.max_draft, self.threshold = params.max_draft, params.threshold
+        self.static_bias, self.corpus_file, self.corpus_about = params.static_bias, params.corpus, about
+        self.merge = getattr(params, "merge", False)
+        self.drafter, self.device = drafter, device
+        self.retrieval = Retrieval(corpus, params.static_bias)
+        self.budget: dict | None = None  # max_draft=auto: the caps by match score (methods.calibrate)
+        self.log: list[tuple[int, int, int]] | None = None  # calibration: (score, drafted, accepted) per chain
+        self.steps, self.accepted = Counter(), Counter()  # per drafter, for the summary
+        if drafter is not None:  # the verifier and the loop serve the tree drafter as they would alone
+            self.topk, self.drafts_first = drafter.topk, drafter.drafts_first
+            self.wants_prompt_logits, self.wants_hidden = drafter.wants_prompt_logits, drafter.wants_hidden
+
+    @classmethod
+    def build(cls, params, *, vocab_size: int, device: torch.device, target=None) -> "_Retrieving":
+        drafter = None
+        if cls.Drafter is not None:
+            own = cls.Drafter.Params(**{f.name: getattr(params, f.name) for f in fields(cls.Drafter.Params)})
+            extra = {"target": target} if cls.Drafter.needs_target else {}
+            drafter = cls.Drafter.build(own, vocab_size=vocab_size, device=device, **extra)
+        corpus, about = corpus_automaton(corpus_path(params.corpus), CACHE / "sam") if params.corpus else (None, None)
+        return cls(params, drafter, corpus, about, device)
+
+    @property
+    def corpus_digest(self) -> str | None:
+        return self.corpus_about.get("sha256") if self.corpus_about else None
+
+    def probe(self) -> "SuffixDecoding":
+        """``sam`` with this run's automata and the reference's chain, logging its chains (calibration)."""
+        params = SuffixDecoding.Params(max_draft=CHAIN_MAX, threshold=self.threshold, static_bias=self.static_bias,
+                                       corpus=self.corpus_file)
+        probe = SuffixDecoding(params, None, self.retrieval.corpus, self.corpus_about, self.device)
+        probe.log = []
+        return probe
+
+    def prepare(self, preparation: Preparation) -> None:
+        if self.drafter is not None:
+            self.drafter.prepare(preparation)
+        if self.max_draft == AUTO and self.budget is None:
+            self.budget = chain_budget(self, preparation, other=self._other_step())
+
+    def _other_step(self) -> tuple[float, int] | None:
+        """(tokens, nodes) of a step without a chain, where known (TR's tree=auto), for the chain's budget."""
+        auto = getattr(self.drafter, "auto", None)
+        return (auto["mat"], self.drafter.tree.size) if auto else None
+
+    def artefacts(self) -> dict[str, object]:
+        out = dict(self.drafter.artefacts()) if self.drafter is not None else {}
+        if self.budget is not None:
+            out["chain_budget.json"] = self.budget
+        return out
+
+    def cap(self, score: int) -> int:
+        if self.max_draft != AUTO:
+            return self.max_draft
+        return next(c for lo, c in reversed(self.budget["caps"]) if score >= lo)
+
+    def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
+              prompt_hidden: torch.Tensor | None = None) -> None:
+        self.retrieval.reset()
+        if self.drafter is not None:
+            self.drafter.reset(prompt_ids, turn, prompt_logits, prompt_hidden)
+
+    def propose(self, context: torch.Tensor) -> Draft:
+        self.retrieval.sync(context)
+        root = context[-1:]
+        match = self.retrieval.best(int(root))
+        score = match.score if match else 0
+        chain = self.retrieval.chain(match, self.cap(score)) if match and score >= self.threshold else []
+        if chain and not self.merge:
+            tokens = torch.cat([root, torch.tensor(chain, device=root.device)])
+            return Draft(tokens, Tree.chain(len(tokens)).to(root.device), info={"drafter": match.source,
+                                                                                 "match": score})
+        if self.drafter is None:
+            return Draft(root, Tree.chain(1).to(root.device), info={"drafter": "plain", "match": score})
+        draft = self.drafter.propose(context)
+        if chain:  # merge: the chain grafted onto the tree
+            tree, tokens = graft(draft.tree, draft.tokens.tolist(), chain)
+            return Draft(torch.tensor(tokens, device=root.device), tree.to(root.device),
+                         info={"drafter": f"{self.drafter.name}+{match.source}", "match": score})
+        draft.info = {"drafter": self.drafter.name, "match": score}
+        return draft
+
+    def update(self, draft: Draft, result: Verification) -> None:
+        if self.drafter is not None:  # TR writes every node's row, EAGLE-2 is fed the accepted tokens
+            self.drafter.update(draft, result)
+        who = draft.info["drafter"]
+        self.steps[who] += 1
+        self.accepted[who] += len(result.path) - 1
+        if self.log is not None and who in (DYNAMIC, STATIC):
+            self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1))
+
+    def step_sizes(self) -> list[int]:
+        most = CHAIN_MAX if self.max_draft == AUTO else self.max_draft
+        sizes = set(range(1, most + 2))
+        tree_sizes = self.drafter.step_sizes() if self.drafter is not None else []
+        if tree_sizes is None:
+            return None
+        sizes |= set(tree_sizes)
+        if self.merge:
+            sizes |= {t + n for t in tree_sizes for n in range(1, most + 1)}
+        return sorted(sizes)
+
+    def state_dict(self) -> dict:
+        return self.drafter.state_dict() if self.drafter is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.drafter is not None:
+            self.drafter.load_state_dict(state)
+
+    def summary(self) -> dict:
+        corpus = self.retrieval.corpus
+        out = {"max_draft": self.max_draft, "threshold": self.threshold, "static_bias": self.static_bias,
+               "corpus": self.corpus_file, **({"merge": self.merge} if self.drafter is not None else {}),
+               **({"corpus_tokens": len(corpus), "corpus_states": corpus.states, "corpus_about": self.corpus_about}
+                  if corpus is not None else {}),
+               "steps_by_drafter": dict(self.steps), "accepted_drafts_by_drafter": dict(self.accepted),
+               **({"budget": self.budget} if self.budget else {})}
+        if self.drafter is not None:
+            out["drafter"] = {"method": self.drafter.name, **self.drafter.summary()}
+        return out
+
+
+@register
+class SuffixDecoding(_Retrieving):
+    """SAM alone: a chain where a match is long enough, else a plain step."""
+
+    name = "sam"
+
+
+@register
+class SamTokenRecycling(_Retrieving):
+    name = "sam_tr"
+    Drafter = TokenRecycling
+
+    @dataclass
+    class Params(_Retrieving.Params, TokenRecycling.Params):
+        start: str = param("hot_prompt", "TR's start policy (methods.tr); hot_prompt: SAM-Decoding's, which also "
+                           "learns from the prompt's prefill logits", choices=STARTS)
+        first_step: str = param("prefill", "TR's first step (methods.tr); prefill: SAM-Decoding's, the prefill "
+                                "yields the first token", choices=FIRST_STEPS)
+        merge: bool = param(False, "true: verify the retrieved chain and TR's tree together in one tree")
+
+
+@register
+class SamEagle2(_Retrieving):
+    name = "sam_eagle2"
+    Drafter = Eagle2
+    needs_target = True
+
+    @dataclass
+    class Params(_Retrieving.Params, Eagle2.Params):
+        merge: bool = param(False, "true: verify the retrieved chain and EAGLE-2's tree together in one tree")

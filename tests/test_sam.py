@@ -1,0 +1,209 @@
+"""Suffix automata (methods.suffix) and SAM-Decoding's methods (methods.sam): worked examples, a property test
+against brute-force search, the chain budget's choice, and lossless decoding on the tiny model."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from methods.autotree import choose_chain_caps
+from methods.base import build_proposer
+from methods.common import HarnessError
+from methods.decode import generate
+from methods.engine import StaticEngine
+from methods.sam import DYNAMIC, STATIC, Retrieval
+from methods.suffix import (SEPARATOR, FrozenAutomaton, SuffixAutomaton, corpus_automaton, load_corpus,
+                            save_corpus)
+from methods.tree import Tree, graft
+from tests.conftest import generate_greedy
+
+CPU = torch.device("cpu")
+
+
+# --- the automaton --------------------------------------------------------------------------------------
+
+def test_hand_worked_matches():
+    sam = SuffixAutomaton([1, 2, 3, 1, 2])
+    state, length = sam.walk([1, 2])
+    assert length == 2 and sam.continuation(state, 9) == [3, 1, 2]  # first "1 2" ends at 2
+    state, length = sam.advance(state, length, 3)
+    assert length == 3 and sam.continuation(state, 9) == [1, 2]
+    assert sam.advance(state, length, 5) == (0, 0)  # 5 never occurs
+    state, length = sam.walk([9, 9, 2, 3])  # falls back: "2 3" is the longest suffix in the text
+    assert length == 2 and sam.continuation(state, 1) == [1]
+    # "abab" has the states of the textbook: root, a, ab, b (a clone), aba, abab
+    sam = SuffixAutomaton([0, 1, 0, 1])
+    assert sam.states == 5 and sorted(sam.length) == [0, 1, 2, 3, 4]
+
+
+def brute_match(text: list[int], query: list[int]) -> tuple[int, int]:
+    """(longest suffix of query occurring in text, index after its first occurrence in text)."""
+    for n in range(len(query), 0, -1):
+        suffix = query[len(query) - n:]
+        for i in range(len(text) - n + 1):
+            if text[i:i + n] == suffix:
+                return n, i + n
+    return 0, 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_equal_brute_force_search(seed):
+    rng = random.Random(seed)
+    alphabet = rng.choice([2, 3, 5, 12])
+    seq = [rng.randrange(alphabet) for _ in range(rng.randint(20, 160))]
+    # The dynamic automaton, grown as a request grows: at every point, the match of (text so far + root).
+    r = Retrieval(None, static_bias=0)
+    for i in range(1, len(seq)):
+        r.sync(torch.tensor(seq[: i + 1]))
+        best = r.best(seq[i])
+        length, end = brute_match(seq[:i], seq[: i + 1])
+        assert (best.length if best else 0) == length, (seed, i)
+        if best:
+            assert r.dynamic.end[best.state] == end and r.dynamic.length[best.state] >= best.length
+    # Frozen, the same automaton answers the same walks.
+    grown = SuffixAutomaton(seq)
+    frozen = grown.freeze()
+    for _ in range(50):
+        q = [rng.randrange(alphabet + 1) for _ in range(rng.randint(1, 12))]
+        s, n = grown.walk(q)
+        assert frozen.walk(q) == (s, n) and n == brute_match(seq, q)[0]
+        assert frozen.continuation(s, 7) == grown.continuation(s, 7) == seq[brute_match(seq, q)[1]:][:7]
+
+
+def test_a_frozen_automaton_saves_and_loads_without_pickle(tmp_path):
+    frozen = SuffixAutomaton([4, 5, 6, 4, 5, 7]).freeze()
+    frozen.save(tmp_path / "a.npz")
+    back = FrozenAutomaton.load(tmp_path / "a.npz")
+    assert back.walk([4, 5]) == frozen.walk([4, 5]) and back.continuation(frozen.walk([4, 5])[0], 5) == [6, 4, 5, 7]
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(HarnessError, match="not a saved suffix automaton"):
+        FrozenAutomaton.load(tmp_path / "bad.npz")
+
+
+def test_a_corpus_keeps_its_sequences_apart(tmp_path):
+    path = tmp_path / "c.npz"
+    save_corpus(path, [[1, 2, 3], [1, 2, 9, 9]], {"model": "tiny"})
+    sequences, about = load_corpus(path)
+    assert [s.tolist() for s in sequences] == [[1, 2, 3], [1, 2, 9, 9]] and about == {"model": "tiny"}
+    frozen, about = corpus_automaton(path, tmp_path / "cache")
+    assert len(about["sha256"]) == 16 and list((tmp_path / "cache").glob("*.npz"))
+    state, length = frozen.walk([2, 3])
+    assert length == 2 and frozen.continuation(state, 5) == []  # the first sequence ends there: nothing follows
+    assert SEPARATOR not in frozen.continuation(frozen.walk([1, 2])[0], 9)
+    cached, _ = corpus_automaton(path, tmp_path / "cache")  # the second time from the cache
+    assert cached.walk([9, 9]) == frozen.walk([9, 9])
+    with pytest.raises(HarnessError, match="no SAM corpus"):
+        load_corpus(tmp_path / "missing.npz")
+
+
+# --- the choice of drafter, the chain, the graft ----------------------------------------------------------
+
+def test_the_static_match_counts_its_bias_less_and_ties_go_to_the_dynamic_one():
+    corpus = SuffixAutomaton([7, 1, 2, 3, 4, 5, 6, 8] + [SEPARATOR]).freeze()
+    context = torch.tensor([9, 1, 2, 3, 4, 5, 0, 9, 1, 2, 3, 4, 5])  # the request repeats "9 1 2 3 4 5"
+    r = Retrieval(corpus, static_bias=5)
+    r.sync(context)
+    best = r.best(5)
+    assert (best.source, best.length) == (DYNAMIC, 6) and r.chain(best, 3) == [0, 9, 1]
+    r = Retrieval(corpus, static_bias=0)  # the corpus matches "1 2 3 4 5" (5) but the request "9 1 2 3 4 5" (6)
+    r.sync(context)
+    assert r.best(5).source == DYNAMIC
+    r.sync(torch.tensor([8, 1, 2, 3, 4, 5]))  # a new request: only the corpus has "1 2 3 4 5" now
+    r.reset()
+    r.sync(torch.tensor([8, 1, 2, 3, 4, 5]))
+    best = r.best(5)
+    assert (best.source, best.length, best.score) == (STATIC, 5, 5) and r.chain(best, 9) == [6, 8]
+
+
+def test_the_dynamic_chain_prefers_a_match_with_a_full_continuation():
+    # "1 2" last occurred just before the end (one token after it), first at the start (many after it)
+    r = Retrieval(None, static_bias=0)
+    context = torch.tensor([1, 2, 5, 6, 7, 8, 3, 1, 2, 4, 1, 2])
+    r.sync(context)
+    best = r.best(2)
+    assert best.length == 2 and r.chain(best, 4) == [5, 6, 7, 8]
+
+
+def test_graft_shares_the_tree_prefix():
+    tree = Tree.from_parents((-1, 0, 0, 1))
+    new, tokens = graft(tree, [5, 7, 3, 9], [3, 4])
+    assert new.parents == (-1, 0, 0, 1, 2)  # 3 is node 2's token: only 4 is new, under it
+    assert [tokens[i] for i in new.path_to(new.size - 1)] == [5, 3, 4]
+    new, tokens = graft(tree, [5, 7, 3, 9], [7, 9])  # wholly inside the tree: nothing added
+    assert new.parents == tree.parents and tokens == [5, 7, 3, 9]
+    new, tokens = graft(tree, [5, 7, 3, 9], [1, 1])  # nothing shared: a new branch under the root
+    assert new.size == 6 and [tokens[i] for i in new.path_to(5)] == [5, 1, 1]
+
+
+def test_chain_caps_follow_cost():
+    flat = {n: 1.0 for n in range(1, 82)}  # every size costs a plain step: drafting is free
+    chains = [(5, 39, a) for a in range(10)] + [(30, 39, 39)] * 10
+    caps = dict(choose_chain_caps(chains, 100, flat, threshold=5, most=39)["caps"])
+    assert caps[5] == 9 and caps[25] == 39  # as far as anything was accepted (the shortest cap of equal worth)
+    steep = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 82)}  # each drafted token costs a tenth of a step
+    choice = choose_chain_caps(chains, 100, steep, threshold=5, most=39)
+    caps = dict(choice["caps"])
+    assert 1 <= caps[5] < 9  # short matches: the rarely accepted tail does not pay for its rows
+    assert caps[25] == 39  # long matches accept everything: worth the rows
+    assert caps[7] == caps[5] and caps[15] == caps[25]  # ranges without steps take their neighbour's cap
+    assert choice["expected_speedup_vs_uncapped"] > 1
+
+
+# --- lossless on the tiny model ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tiny_model, tmp_path_factory):
+    """A corpus of the tiny model's own greedy continuations of a few prompts (one of them the tests' own)."""
+    path = tmp_path_factory.mktemp("corpus") / "tiny.npz"
+    sequences = [p + generate_greedy(tiny_model, p, 40) for p in ([3, 4, 5], [10, 11], [20, 21, 22, 23])]
+    save_corpus(path, sequences, {"model": "tiny"})
+    return str(path)
+
+
+PROMPTS = [[3, 4, 5], [40, 41, 42, 43, 44], [7] * 6, [20, 21, 22, 23, 24]]
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sam", {}),
+    ("sam", {"max_draft": 4, "threshold": 2, "static_bias": 0}),
+    ("sam_tr", {}),
+    ("sam_tr", {"tree": "grown-n30-d6", "merge": True, "threshold": 2}),
+    ("sam_tr", {"start": "hot", "first_step": "tree", "max_draft": 6}),
+    ("sam_eagle2", {"head": "random", "total_tokens": 12}),
+    ("sam_eagle2", {"head": "random", "total_tokens": 12, "merge": True, "threshold": 2}),
+])
+def test_sam_methods_are_lossless(tiny_model, tiny_corpus, method, params):
+    proposer = build_proposer(method, {"corpus": tiny_corpus, **params}, vocab_size=96, device=CPU,
+                              target=tiny_model)
+    engine = StaticEngine(tiny_model)
+    drafters = set()
+    for turn, prompt in enumerate(PROMPTS):
+        gen = generate(engine, proposer, prompt, max_new_tokens=48, stop_ids=set(), turn=turn)
+        assert gen.token_ids == generate_greedy(tiny_model, prompt, 48), (method, params, prompt)
+        assert len(gen.step_info) == len(gen.accept_lengths) == len(gen.draft_nodes)
+        drafters |= {i["drafter"] for i in gen.step_info if i}
+    summary = proposer.summary()
+    assert set(summary["steps_by_drafter"]) == drafters
+    chains = {d for d in drafters if d.endswith((DYNAMIC, STATIC))}
+    assert chains, f"no step drafted a retrieved chain: {drafters}"
+    assert sum(summary["accepted_drafts_by_drafter"].values()) > 0
+
+
+def test_a_missing_corpus_is_one_clear_error(tiny_model, tmp_path):
+    with pytest.raises(HarnessError, match="method.corpus=.*no such file.*make_sam_corpus"):
+        build_proposer("sam", {"corpus": str(tmp_path / "none.npz")}, vocab_size=96, device=CPU)
+    with pytest.raises(HarnessError, match="method.max_draft must be an integer from 1 to 1024 or auto"):
+        build_proposer("sam", {"max_draft": 0}, vocab_size=96, device=CPU)
+
+
+def test_tr_in_the_hybrid_learns_from_chain_steps(tiny_model, tiny_corpus):
+    """Every verified node writes its row, whichever drafter drafted it (as SAM-Decoding's TR does)."""
+    proposer = build_proposer("sam_tr", {"corpus": tiny_corpus, "start": "hot"}, vocab_size=96, device=CPU)
+    engine = StaticEngine(tiny_model)
+    gen = generate(engine, proposer, [3, 4, 5], max_new_tokens=40, stop_ids=set())
+    assert any(i and i["drafter"] == STATIC for i in gen.step_info)  # the corpus holds this very continuation
+    tr = proposer.drafter
+    seq = [3, 4, 5] + gen.token_ids
+    rows = int((tr.M != 0).any(dim=1).sum())
+    assert rows >= len(set(seq[:-1])) - 1  # the chain steps' tokens have rows too
+    assert int(tr.node_accepts[0]) == proposer.steps["tr"]  # TR's template statistics count its own steps only
