@@ -209,15 +209,21 @@ def plot_depth_acceptance(long: pd.DataFrame, out: Path, footer: str, bench: str
     if long.empty:
         return []
     plt = figure_style()
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    series = list(long.groupby(["model", "method"], sort=False))
+    fig, ax = plt.subplots(figsize=(10.0, 4.0))
+    colors = plt.get_cmap("tab20").colors
     multi = long["model"].nunique() > 1
-    for (model, method), t in long.groupby(["model", "method"], sort=False):
+    for i, ((model, method), t) in enumerate(series):
         t = t[t["tried"] >= MIN_TRIES]
         if len(t):
-            ax.plot(t["depth"], t["rate"], marker="o", ms=3, label=f"{method} · {model}" if multi else method)
+            ax.plot(t["depth"], t["rate"], marker="os^vD"[i % 5], ms=3, lw=1.2, color=colors[i % len(colors)],
+                    ls="-" if i < len(colors) else "--", label=f"{method} · {model}" if multi else method)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft depth d")
-    ax.set_ylabel("accepted at depth d, given depth d - 1 was")
-    ax.set_ylim(0, 1)
+    ax.set_ylabel("accepted at depth d,\ngiven depth d - 1 was")
+    ax.set_ylim(0, 1.02)
     ax.set_title(f"Acceptance per depth ({bench}; depths tried at least {MIN_TRIES} times)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5)
     return save_figure(fig, out, "acceptance_by_depth", footer)

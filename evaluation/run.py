@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from textwrap import shorten
 
@@ -37,6 +37,7 @@ from methods.common import (CACHE, ROOT, HarnessError, atomic, exit_on_error, lo
 from methods.decode import Generation, generate
 from methods.engine import ENGINE_PARAMS, build_engine
 from methods.params import config_node
+from methods.sampling import Sampler, Sampling
 
 STATE = "proposer_state.pt"
 # Settings that cannot change a run's tokens or timings: a resumed run (or a shard being merged) may differ in
@@ -104,6 +105,16 @@ def model_spec(cfg: DictConfig) -> ModelSpec:
     return ModelSpec(**raw)
 
 
+def sampling_settings(cfg: DictConfig) -> Sampling:
+    """The run's ``sampling.*`` (absent: greedy), checked."""
+    raw = OmegaConf.to_container(cfg.sampling, resolve=True) if cfg.get("sampling") is not None else {}
+    known = [f.name for f in fields(Sampling)]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise HarnessError(f"unknown sampling setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return Sampling(**raw)
+
+
 def method_params(cfg: DictConfig) -> tuple[str, dict]:
     params = OmegaConf.to_container(cfg.method, resolve=True)
     return params.pop("name"), params
@@ -163,6 +174,7 @@ class Runner:
         ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
         self.spec = spec or model_spec(cfg)
         self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
+        self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
         self.model, self.tok, self.device = loaded or load_model(self.spec)
         self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
@@ -182,9 +194,11 @@ class Runner:
 
         return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
 
-    def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
+    def decode(self, ids: list[int], max_new_tokens: int, turn: int, question: int = 0) -> Generation:
+        """One turn; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
+        sampler = None if self.sampling.greedy else Sampler(self.sampling, question, turn)
         return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
-                        turn=turn, timer=self.timer)
+                        turn=turn, timer=self.timer, sampler=sampler)
 
     def _folded(self, gen: Generation) -> int:
         """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.metrics``): its drafting
@@ -213,7 +227,7 @@ class Runner:
                     f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
-            gen = self.decode(ids, min(self.max_new_tokens, room), turn=i)
+            gen = self.decode(ids, min(self.max_new_tokens, room), turn=i, question=q.question_id)
             text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
             answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
             turns.append(gen)
@@ -279,6 +293,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         except Exception as e:  # noqa: BLE001 - any unreadable YAML: one line
             raise HarnessError(f"{config_file} is not a readable config ({type(e).__name__}); move the folder "
                                f"away to start over") from None
+        if "sampling" not in before:  # a run from before sampling settings existed was greedy
+            before["sampling"] = asdict(Sampling())
         mismatch = config_mismatch(before, resolved)
         if mismatch:
             raise HarnessError(

@@ -48,7 +48,8 @@ class Verification:
     path: list[int]  # accepted node indices, root first (always starts with 0)
     new_tokens: list[int]  # tokens committed by this step: drafts on the path, then the bonus token
     logits: torch.Tensor  # [n, vocab] target logits at every node of the draft
-    argmax: torch.Tensor  # [n] long, the target's greedy next token at every node
+    argmax: torch.Tensor  # [n] long, the target's next token at every node: its argmax, or at temperature > 0
+    #                       its draw for that position (methods.sampling), which acceptance compares drafts with
     topk: torch.Tensor | None = None  # [n, proposer.topk] long, top tokens per node, for proposers that ask
     hidden: torch.Tensor | None = None  # [len(path), hidden] target's last hidden states on the path, if asked
 

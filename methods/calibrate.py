@@ -132,11 +132,12 @@ CHAIN_TOKENS = 128
 
 def chain_calibration(proposer, prep: Preparation) -> dict:
     """The chain steps (match score, drafted, accepted) and the number of other steps of ``proposer.probe()``
-    (SAM alone, chains of the reference's length) over our own prompts; cached per model, corpus (its
-    ``corpus_digest``) and SAM settings (the embedded model's defaults come with the project)."""
+    (SAM alone with the proposer's settings and the reference's chain length) over our own prompts; cached per
+    model, corpus (its ``corpus_digest``) and SAM settings (the embedded model's defaults come with the
+    project)."""
     corpus = proposer.corpus_digest or "none"
-    name = (f"{prep.model_name}-sam-{corpus}-t{proposer.threshold}-b{proposer.static_bias}-"
-            f"{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json")
+    name = (f"{prep.model_name}-sam-{corpus}-t{proposer.threshold}-b{proposer.static_bias}-a{proposer.alpha:g}-"
+            f"n{proposer.longest}-{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json")
     file = prep.cache / "autotree" / name
     for known in (file, SHIPPED / name):
         if known.is_file():
@@ -153,6 +154,7 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
              "source": {"prompts": f"evaluation.own_prompts.calibration_prompts({CHAIN_PROMPTS})",
                         "max_new_tokens": CHAIN_TOKENS, "max_draft": probe.max_draft,
                         "threshold": proposer.threshold, "static_bias": proposer.static_bias,
+                        "alpha": proposer.alpha,
                         "corpus": proposer.corpus_file, "corpus_sha256": corpus,
                         "measured_on": {"device": str(engine.device), "dtype": str(engine.dtype),
                                         "engine": type(engine).__name__, "threads": torch.get_num_threads(),

@@ -32,6 +32,7 @@ from methods.verify import verify
 
 
 DRAFT_ROOM = 256  # cache slots past the budget for a step's drafts (an engine grows its cache for more)
+ZERO = torch.zeros(1, dtype=torch.long)
 
 
 @dataclass
@@ -72,13 +73,17 @@ class PhaseTimer:
 
 @torch.inference_mode()
 def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
-             turn: int = 0, timer=nullcontext) -> Generation:
-    """Greedy-equivalent decoding of ``prompt_ids`` with ``proposer``'s drafts.
+             turn: int = 0, timer=nullcontext, sampler=None) -> Generation:
+    """Decoding of ``prompt_ids`` with ``proposer``'s drafts, token for token what vanilla decoding gives:
+    greedy, or with ``sampler`` (a ``methods.sampling.Sampler`` of the request's question and turn) its
+    position-keyed draws.
 
     ``target`` is an ``Engine`` (``methods.engine``), or a Hugging Face model, run by the reference
     engine ``hf``. ``timer(phase)`` is a context manager around each phase; profiling passes a ``PhaseTimer``.
     """
     engine = target if isinstance(target, Engine) else HFEngine(target)
+    if sampler is not None and sampler.settings.greedy:  # temperature 0 is greedy decoding itself
+        sampler = None
     device = engine.device
     n_prompt = len(prompt_ids)
     ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
@@ -112,7 +117,8 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
     proposer.reset(ids[:prefill], turn, logits if full else None, states)
     if not first_step:
         nodes.append(0), depths.append(0), info.append(None)
-    done = False if first_step else commit([int(logits[-1].argmax())])
+        first = logits[-1].argmax() if sampler is None else sampler.draw(logits[-1:], ZERO.to(device), 0, 0)[0]
+    done = False if first_step else commit([int(first)])
     sync(device)
     t1 = time.perf_counter()
     while not done:
@@ -120,7 +126,7 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
         with timer("propose"):
             draft = proposer.propose(ids[: n_prompt + len(new)])
         # 3. Verify it in one forward; the cache keeps the accepted path only.
-        result = verify(engine, draft, timer, proposer.topk, hidden)
+        result = verify(engine, draft, timer, proposer.topk, hidden, sampler, len(new))
         # 4. Let the proposer learn from every node's logits.
         with timer("update"):
             proposer.update(draft, result)

@@ -68,8 +68,11 @@ def _check(value, kind, meta: dict, key: str) -> None:
                 or (high is not None and value > high):
             raise HarnessError(f"{key} must be {what}, got {value!r}")
     elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise HarnessError(f"{key} must be a number, got {value!r}")
+        what = "a number" + (f" of at least {low}" if low is not None else "")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (low is not None and value < low) \
+                or (high is not None and value > high):
+            raise HarnessError(f"{key} must be {what}{f' and at most {high}' if high is not None else ''}, got "
+                               f"{value!r}")
     elif kind is str:
         if not isinstance(value, str):
             raise HarnessError(f"{key} must be a string, got {value!r}")

@@ -9,25 +9,31 @@ included) that occurred before, in two suffix automata (``methods.suffix``):
   ``sam_corpus``), whose match length counts ``static_bias`` less.
 
 When the better match scores at least ``threshold`` (a tie goes to the dynamic automaton), the
-tokens that followed its first occurrence are the draft, a chain of up to ``max_draft`` (the
-dynamic automaton moves to a shorter match whose first occurrence is followed by ``max_draft``
-tokens, when the longest one's is not: SAM-Decoding's ``to_anc``). Otherwise the step is the
-tree drafter's:
+tokens that followed its first occurrence are the draft, a chain of up to ``max_draft`` and, with
+``alpha``, of at most ``alpha`` times the match score (the dynamic automaton moves to a shorter match
+whose first occurrence is followed by enough tokens, when the longest one's is not: SAM-Decoding's
+``to_anc``). Otherwise the step is the tree drafter's:
 
 * ``sam``: none, a plain step;
 * ``sam_tr``: Token Recycling (``methods.tr``); its matrix learns from every verified node,
   whichever drafter drafted it, and from the prompt's prefill logits (``start=hot_prompt``);
 * ``sam_eagle2``: EAGLE-2 (``methods.eagle``), whose head is fed every accepted token.
 
-This follows SAM-Decoding's code (hyx1999/SAM-Decoding, commit 18c41f0): ``DraftModel.lookup``
+This follows SAM-Decoding's code (hyx1999/SAM-Decoding, commit 18c41f0). The hybrids: ``DraftModel.lookup``
 in ``samd/draft.py`` (the choice), ``DynSAM`` and ``StaticSAM`` in ``samd/sam/`` (``transfer_state``,
 ``to_anc``, ``gen_draft``), the prefill's update in ``samd/samd_model.py`` and the defaults of
 ``samd/samd_config.py`` and ``scripts/inference_samd.sh`` (``n_predicts=40`` tokens with the root,
-so 39 drafts; threshold 5; bias 5). Where we differ, the tokens are the same and only the work
-differs: a continuation shorter than ``max_draft`` is drafted as it is (the reference pads it with
-token 0 to 40), a match with nothing after it falls back to the tree drafter (the reference
-verifies a chain of padding), and a corpus's sequences are kept apart (the reference joins them
-with EOS and adds every vocabulary token as a one-token sequence).
+so 39 drafts; threshold 5; bias 5; no ``alpha``). ``sam`` alone: the reference's SAM-only variant,
+``samd_sam_only/draft.py`` ``DraftModel.lookup`` (a draft at every step from the better match, however
+short) and ``samd_sam_only/sam/dyn_sam.py`` ``gen_draft`` (``min(max_predicts, 1 + int(alpha * length))``
+tokens with the root), with the defaults of ``samd_sam_only/samd_config.py`` and
+``scripts/inference_samd_sam_only.sh`` (``max_predicts=60``: 59 drafts; ``alpha=4``; bias 0). Where we
+differ, the tokens are the same and only the work differs: a continuation shorter than the chain
+is drafted as it is (the reference pads it with token 0), a match with nothing after it falls back
+to the tree drafter (the reference verifies a chain of padding), a corpus's sequences are kept
+apart (the reference joins them with EOS and adds every vocabulary token as a one-token sequence),
+and the SAM-only variant's static automaton drafts a chain here (the reference's drafts a tree of
+the corpus's most frequent continuations).
 
 New here: ``merge=true`` (hybrids) verifies the chain and the tree drafter's tree together, the
 chain grafted onto the tree where they share a prefix (``methods.tree.graft``), so that no step has
@@ -114,11 +120,9 @@ def corpus_path(ref: str) -> Path:
     for candidate in (path,) if path.is_absolute() else (path, ROOT / path):
         if candidate.is_file():
             return candidate
-    raise HarnessError(f"method.corpus={ref}: no such file; make one with python -m scripts.make_sam_corpus, or "
-                       f"set method.corpus=null to draft from the request alone")
-
-
-CHAIN_MAX = 39  # drafts of the reference's chain (n_predicts = 40 tokens, the root included)
+    raise HarnessError(f"method.corpus={ref}: no such file; make it with python -m scripts.make_sam_corpus "
+                       f"--model MODEL [--texts FILE.jsonl] --out {ref}, or set method.corpus=null to draft from the "
+                       f"request alone")
 
 
 class _Retrieving(Proposer):
@@ -127,20 +131,23 @@ class _Retrieving(Proposer):
     Drafter: ClassVar[type | None] = None
 
     @dataclass
-    class Params:
-        max_draft: int | str = param(CHAIN_MAX, "most tokens a retrieved chain drafts (the reference's 40 with the "
+    class Params:  # the hybrids' defaults (samd/samd_config.py, scripts/inference_samd.sh)
+        max_draft: int | str = param(39, "most tokens a retrieved chain drafts (the reference's n_predicts less the "
                                      "root), or auto (capped by match score where they stop paying on this "
                                      "device)", low=1, high=1024, auto=True)
         threshold: int = param(5, "a match of at least this score drafts a chain (SAM-Decoding's len_threshold)",
                                low=1, high=1024)
         static_bias: int = param(5, "the static automaton's match length counts this much less (len_bias)",
                                  low=0, high=1024)
+        alpha: float = param(0.0, "a chain drafts at most alpha x the match score (the SAM-only variant's rule); "
+                             "0: no such limit", low=0)
         corpus: str | None = param(None, "the static automaton's corpus file (scripts.make_sam_corpus), or null; "
                                    "in a run, the model config's sam_corpus", config="${model.sam_corpus}")
 
     def __init__(self, params, drafter: Proposer | None, corpus: FrozenAutomaton | None, about: dict | None,
                  device: torch.device):
-        self.max_draft, self.threshold = params.max_draft, params.threshold
+        self.max_draft, self.threshold, self.alpha = params.max_draft, params.threshold, params.alpha
+        self.longest = type(params)().max_draft  # the declared default: the chain of the reference, auto's probe
         self.static_bias, self.corpus_file, self.corpus_about = params.static_bias, params.corpus, about
         self.merge = getattr(params, "merge", False)
         self.drafter, self.device = drafter, device
@@ -167,9 +174,10 @@ class _Retrieving(Proposer):
         return self.corpus_about.get("sha256") if self.corpus_about else None
 
     def probe(self) -> "SuffixDecoding":
-        """``sam`` with this run's automata and the reference's chain, logging its chains (calibration)."""
-        params = SuffixDecoding.Params(max_draft=CHAIN_MAX, threshold=self.threshold, static_bias=self.static_bias,
-                                       corpus=self.corpus_file)
+        """``sam`` with this run's automata and settings and the reference's chain length, logging its chains
+        (max_draft=auto's calibration)."""
+        params = SuffixDecoding.Params(max_draft=self.longest, threshold=self.threshold, static_bias=self.static_bias,
+                                       alpha=self.alpha, corpus=self.corpus_file)
         probe = SuffixDecoding(params, None, self.retrieval.corpus, self.corpus_about, self.device)
         probe.log = []
         return probe
@@ -192,9 +200,12 @@ class _Retrieving(Proposer):
         return out
 
     def cap(self, score: int) -> int:
+        """Most tokens a chain of a match of this score drafts."""
         if self.max_draft != AUTO:
-            return self.max_draft
-        return next(c for lo, c in reversed(self.budget["caps"]) if score >= lo)
+            cap = self.max_draft
+        else:
+            cap = next(c for lo, c in reversed(self.budget["caps"]) if score >= lo)
+        return min(cap, int(self.alpha * score)) if self.alpha else cap
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
@@ -232,7 +243,7 @@ class _Retrieving(Proposer):
             self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1))
 
     def step_sizes(self) -> list[int]:
-        most = CHAIN_MAX if self.max_draft == AUTO else self.max_draft
+        most = self.longest if self.max_draft == AUTO else self.max_draft
         sizes = set(range(1, most + 2))
         tree_sizes = self.drafter.step_sizes() if self.drafter is not None else []
         if tree_sizes is None:
@@ -252,6 +263,7 @@ class _Retrieving(Proposer):
     def summary(self) -> dict:
         corpus = self.retrieval.corpus
         out = {"max_draft": self.max_draft, "threshold": self.threshold, "static_bias": self.static_bias,
+               "alpha": self.alpha,
                "corpus": self.corpus_file, **({"merge": self.merge} if self.drafter is not None else {}),
                **({"corpus_tokens": len(corpus), "corpus_states": corpus.states, "corpus_about": self.corpus_about}
                   if corpus is not None else {}),
@@ -267,6 +279,18 @@ class SuffixDecoding(_Retrieving):
     """SAM alone: a chain where a match is long enough, else a plain step."""
 
     name = "sam"
+
+    @dataclass
+    class Params(_Retrieving.Params):  # the SAM-only variant's (samd_sam_only/, scripts/inference_samd_sam_only.sh)
+        max_draft: int | str = param(59, "most tokens a retrieved chain drafts (the SAM-only variant's max_predicts "
+                                     "less the root), or auto (capped by match score where they stop paying on this "
+                                     "device)", low=1, high=1024, auto=True)
+        threshold: int = param(1, "a match of at least this score drafts a chain (the SAM-only variant drafts from "
+                               "any match)", low=1, high=1024)
+        static_bias: int = param(0, "the static automaton's match length counts this much less (its script's 0)",
+                                 low=0, high=1024)
+        alpha: float = param(4.0, "a chain drafts at most alpha x the match score (the SAM-only variant's rule); "
+                             "0: no such limit", low=0)
 
 
 @register

@@ -1,8 +1,10 @@
-"""The one verifier: forward a draft tree through the engine, accept the longest greedy path.
+"""The one verifier: forward a draft tree through the engine, accept the longest path the target agrees with.
 
 The engine (``methods.engine``) runs the tree with tree attention: node i at
 position ``L + depth[i]``, seeing the committed prefix and its own ancestors.
-Chains take the model's ordinary causal path.
+Chains take the model's ordinary causal path. The target's next token at a node is
+its argmax (greedy), or at temperature > 0 its position-keyed draw
+(``methods.sampling``): one rule for both, and for every method.
 """
 from __future__ import annotations
 
@@ -60,19 +62,25 @@ def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree,
 
 
 @torch.inference_mode()
-def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool = False) -> Verification:
+def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool = False, sampler=None,
+           position: int = 0) -> Verification:
     """Forward ``draft`` after the committed prefix, accept, and leave only the accepted path in the cache.
 
     ``engine`` is a ``methods.engine.Engine``; ``timer(phase)`` is a context manager that profiling code
     passes in (``methods.decode.PhaseTimer``); ``topk > 0`` also returns every node's top-k tokens
     (``Proposer.topk``); ``hidden`` the target's last hidden states on the accepted path
-    (``Proposer.wants_hidden``).
+    (``Proposer.wants_hidden``). ``sampler`` (a ``methods.sampling.Sampler``; None: greedy) draws each
+    node's next token, the root's being new token number ``position`` of the turn.
     """
     tree, past = draft.tree, engine.length
     with timer("forward"):
         logits, states = engine.forward(draft.tokens, tree, hidden=hidden)  # [n, vocab], [n, hidden]
     with timer("accept"):
-        argmax, top = greedy(logits, topk)  # [n], [n, topk]
+        if sampler is None:
+            argmax, top = greedy(logits, topk)  # [n], [n, topk]
+        else:  # the draws take the argmax's place; top-k for proposers that learn from it
+            argmax = sampler.draw(logits, tree.depth, position, tree.max_depth)
+            top = logits.topk(topk, dim=-1).indices if topk else None
         best = accept(draft.tokens, argmax, tree, draft.acceptable)
         # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
         host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()

@@ -47,7 +47,7 @@ PHASES = ("forward", "propose", "accept", "update", "commit")  # methods.decode'
 class GenerateRunner(Runner):
     """Hugging Face generate in the runner's shoes: same prompts, same record format."""
 
-    def decode(self, ids: list[int], max_new_tokens: int, turn: int) -> Generation:
+    def decode(self, ids: list[int], max_new_tokens: int, turn: int, question: int = 0) -> Generation:
         t = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(torch.tensor([ids], device=self.device), max_new_tokens=max_new_tokens,

@@ -51,7 +51,8 @@ from methods.engine import HFEngine, StaticEngine, sdpa_backend, sdpa_choice  # 
 from methods.ops import sync  # noqa: E402
 
 METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),
-           ("eagle2", {"head": "random", "total_tokens": 30})]
+           ("eagle2", {"head": "random", "total_tokens": 30}), ("sam", {}), ("sam_tr", {"merge": True, "threshold": 2}),
+           ("sam_eagle2", {"head": "random", "total_tokens": 30})]
 PROMPTS = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
 NEW_TOKENS = 48  # per prompt (--cpu: 16)
 PAPER_NODES = 81

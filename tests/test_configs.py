@@ -39,7 +39,7 @@ def test_method_and_engine_options_come_from_their_declarations():
     assert known_methods() == ["eagle", "eagle2", "lookahead", "pld", "sam", "sam_eagle2", "sam_tr", "tr", "vanilla"]
     assert _compose("method=eagle", "model=vicuna-7b").method.head == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     assert _compose("method=sam_tr").method.corpus == "data/sam/smollm2-135m.npz"  # the model config's corpus
-    assert _compose("method=sam", "model=vicuna-7b").method.corpus is None
+    assert _compose("method=sam", "model=vicuna-7b").method.corpus == "data/sam/vicuna-7b.npz"  # one the user makes
 
 
 def test_a_bad_method_value_is_named_with_its_range():

@@ -9,7 +9,7 @@ from methods.common import ROOT
 # methods/ from the bottom up: a module imports (at its top level) only modules of lower layers.
 LAYERS = [
     {"common"},
-    {"params", "machine", "hub", "suffix"},
+    {"params", "machine", "hub", "suffix", "sampling"},
     {"tree", "ops"},
     {"kv", "base"},
     {"engine", "verify"},

@@ -1,0 +1,183 @@
+"""Sampling at temperature > 0 (methods.sampling): the warpers against transformers', the position-keyed draws,
+every method token-identical to vanilla sampling on the tiny model, and the distribution of the first tokens
+against the exact one and against transformers' generate(do_sample=True), with a check that has teeth."""
+import pytest
+import torch
+from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
+
+from methods.base import build_proposer
+from methods.common import HarnessError
+from methods.decode import generate
+from methods.engine import StaticEngine
+from methods.sampling import Sampler, Sampling, process, uniform
+
+CPU = torch.device("cpu")
+ALPHA = 1e-3  # false-alarm rate of each distribution test: a correct sampler fails it with this probability
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 20, 1.0), (0.8, 0, 0.9),
+                                                     (1.0, 50, 0.95), (0.5, 3, 0.5), (2.0, 1, 1.0)])
+def test_processing_equals_transformers_warpers(temperature, top_k, top_p):
+    """generate's order: temperature, top-k, top-p (transformers.generation.utils._get_logits_processor)."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 500) * 3
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)]
+                                  + ([TopKLogitsWarper(top_k)] if top_k else [])
+                                  + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    expected = warpers(None, logits.clone()).softmax(dim=-1)
+    got = process(logits, Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
+    assert torch.equal(got > 0, expected > 0)  # the same tokens kept
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_draws_are_keyed_by_position_and_follow_the_cdf():
+    assert uniform(1, 81, 0, 3) == uniform(1, 81, 0, 3)
+    assert len({uniform(1, 81, 0, p) for p in range(100)} | {uniform(2, 81, 0, 3), uniform(1, 82, 0, 3),
+                                                              uniform(1, 81, 1, 3)}) == 103
+    us = torch.tensor([uniform(0, 0, 0, p) for p in range(20000)])
+    assert abs(float(us.mean()) - 0.5) < 0.01 and float(us.min()) >= 0 and float(us.max()) < 1
+    s = Sampler(Sampling(temperature=1.0, seed=3), question=5, turn=1)
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).repeat(4, 1)
+    got = s.draw(logits, torch.tensor([0, 1, 2, 3]), 7, 3).tolist()
+    for i, token in enumerate(got):  # inverse CDF: the first token whose cumulative probability exceeds u
+        u = uniform(3, 5, 1, 7 + i)
+        assert token == (0 if u < 0.2 else 1 if u < 0.7 else 2)
+    assert s.draw(logits[:2], torch.tensor([1, 1]), 7, 1).tolist() == [got[1]] * 2  # same position, same draw
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"temperature": -1}, "sampling.temperature must be a number from 0"),
+    ({"top_k": -2}, "sampling.top_k must be an integer of at least 0"),
+    ({"top_p": 0}, "sampling.top_p must be a number above 0 and at most 1"),
+    ({"seed": 1.5}, "sampling.seed must be an integer"),
+])
+def test_bad_settings_are_one_clear_error(bad, message):
+    with pytest.raises(HarnessError, match=message):
+        Sampling(**{"temperature": 1.0, **bad})
+
+
+# --- every method reproduces vanilla sampling ----------------------------------------------------------------
+
+METHODS = [("tr", {}), ("tr", {"tree": "grown-n30-d6", "start": "cold"}), ("pld", {}), ("lookahead", {}),
+           ("eagle", {"head": "random"}), ("eagle2", {"head": "random", "total_tokens": 12}), ("sam", {}),
+           ("sam_tr", {"merge": True, "threshold": 2}), ("sam_eagle2", {"head": "random", "total_tokens": 12})]
+PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]
+
+
+def decode_all(model, method, params, settings, engine=None, max_new=40):
+    proposer = build_proposer(method, params, vocab_size=96, device=CPU, target=model)
+    engine = engine or StaticEngine(model)
+    out = []
+    for q, prompt in enumerate(PROMPTS):
+        for turn in range(2):
+            gen = generate(engine, proposer, prompt, max_new_tokens=max_new, stop_ids=set(), turn=turn,
+                           sampler=Sampler(settings, q, turn))
+            out.append((gen.token_ids, gen.accept_lengths))
+    return out
+
+
+@pytest.mark.parametrize("settings", [Sampling(temperature=1.0, seed=1), Sampling(temperature=0.7, top_k=20, seed=2),
+                                      Sampling(temperature=1.2, top_p=0.9, seed=3)], ids=lambda s: s.label())
+@pytest.mark.parametrize("method,params", METHODS, ids=lambda x: x if isinstance(x, str) else "")
+def test_every_method_samples_exactly_vanillas_tokens(tiny_model, method, params, settings):
+    reference = decode_all(tiny_model, "vanilla", {}, settings)
+    got = decode_all(tiny_model, method, params, settings)
+    assert [t for t, _ in got] == [t for t, _ in reference]
+    assert max(a for _, accepts in got for a in accepts) > 1 or method.startswith("eagle"), "nothing accepted"
+
+
+def test_seeds_and_turns_give_different_samples_and_greedy_is_unchanged(tiny_model):
+    a = decode_all(tiny_model, "vanilla", {}, Sampling(temperature=1.0, seed=1))
+    b = decode_all(tiny_model, "vanilla", {}, Sampling(temperature=1.0, seed=2))
+    assert [t for t, _ in a] != [t for t, _ in b]
+    assert a[0][0] != a[1][0]  # a question's two turns draw differently
+    greedy = decode_all(tiny_model, "tr", {}, Sampling())
+    engine = StaticEngine(tiny_model)
+    proposer = build_proposer("tr", {}, vocab_size=96, device=CPU)
+    plain = [generate(engine, proposer, p, max_new_tokens=40, stop_ids=set(), turn=t) for p in PROMPTS for t in (0, 1)]
+    assert [t for t, _ in greedy] == [g.token_ids for g in plain]  # temperature 0 is the greedy path itself
+
+
+# --- the distribution of the first tokens --------------------------------------------------------------------
+
+SETTINGS = Sampling(temperature=0.9, top_k=12, top_p=0.95)
+PROMPT = [5, 17, 33, 2, 71, 9]
+N = 2000
+
+
+@pytest.fixture(scope="module")
+def exact(tiny_model):
+    """The exact probability of every pair of first two tokens under SETTINGS: {(t1, t2): p}."""
+    with torch.no_grad():
+        p1 = process(tiny_model(torch.tensor([PROMPT])).logits[0, -1:], SETTINGS)[0]
+        pairs = {}
+        for t1 in torch.nonzero(p1)[:, 0].tolist():
+            p2 = process(tiny_model(torch.tensor([PROMPT + [t1]])).logits[0, -1:], SETTINGS)[0]
+            for t2 in torch.nonzero(p2)[:, 0].tolist():
+                pairs[(t1, t2)] = float(p1[t1] * p2[t2])
+    return pairs
+
+
+def chi_square_p(samples: list[tuple[int, int]], exact: dict) -> float:
+    """The p-value of Pearson's goodness-of-fit test of ``samples`` against ``exact`` (cells expecting fewer
+    than 5 pooled into one; a sample outside the support fails at once)."""
+    counts: dict = {}
+    for s in samples:
+        if s not in exact:
+            return 0.0
+        counts[s] = counts.get(s, 0) + 1
+    n = len(samples)
+    big = [c for c, p in exact.items() if n * p >= 5]
+    observed = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
+    expected = [n * exact[c] for c in big] + [n * (1 - sum(exact[c] for c in big))]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    df = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def first_pairs(model, method, params=None, warm=True):
+    """The first two tokens of PROMPT with ``method`` for seeds 0..N-1 (question 0, turn 0)."""
+    proposer = build_proposer(method, params or {}, vocab_size=96, device=CPU, target=model)
+    engine = StaticEngine(model)
+    if warm:  # TR's hot matrix holds this prompt's successors: its drafts are tried and often accepted
+        generate(engine, proposer, PROMPT, max_new_tokens=8, stop_ids=set())
+    out = []
+    for seed in range(N):
+        s = Sampling(temperature=SETTINGS.temperature, top_k=SETTINGS.top_k, top_p=SETTINGS.top_p, seed=seed)
+        gen = generate(engine, proposer, PROMPT, max_new_tokens=2, stop_ids=set(), sampler=Sampler(s, 0, 0))
+        out.append(tuple(gen.token_ids))
+    return out
+
+
+@pytest.mark.slow
+def test_first_tokens_follow_the_exact_distribution_as_generate_does(tiny_model, exact):
+    assert abs(sum(exact.values()) - 1) < 1e-4
+    ours = first_pairs(tiny_model, "vanilla")
+    assert chi_square_p(ours, exact) > ALPHA
+    assert first_pairs(tiny_model, "tr") == ours  # a speculative method: the very same samples
+    theirs = []
+    for seed in range(N):
+        torch.manual_seed(seed)
+        out = tiny_model.generate(torch.tensor([PROMPT]), do_sample=True, max_new_tokens=2,
+                                  temperature=SETTINGS.temperature, top_k=SETTINGS.top_k, top_p=SETTINGS.top_p)
+        theirs.append(tuple(out[0, len(PROMPT):].tolist()))
+    assert chi_square_p(theirs, exact) > ALPHA  # the outside reference passes the same test
+
+
+@pytest.mark.slow
+def test_the_distribution_check_catches_a_broken_verifier(tiny_model, exact, monkeypatch):
+    """Break the verifier as a plausible bug would (every node of a tree drawn with its root's number, not its own
+    position's): vanilla is untouched, but TR's accepted drafts make the second token depend on the first's
+    draw, and the test must fail."""
+    real = Sampler.draw
+
+    def same_number_for_every_depth(self, logits, depth, start, max_depth):
+        return real(self, logits, torch.zeros_like(depth), start, 0)
+
+    monkeypatch.setattr(Sampler, "draw", same_number_for_every_depth)
+    assert chi_square_p(first_pairs(tiny_model, "vanilla"), exact) > ALPHA
+    assert chi_square_p(first_pairs(tiny_model, "tr"), exact) < ALPHA
