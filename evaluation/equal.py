@@ -18,6 +18,12 @@ bf16's coarse steps put a third token within it too); otherwise it is a **real m
 (a bug).
 A later turn built on a diverged answer is reported as following it.
 
+At temperature > 0 (the run's ``sampling.*``) every method draws each token as the argmax of the
+processed logits plus a Gumbel noise keyed by its position (``methods.sampling``), so its tokens must
+equal vanilla sampling's exactly like greedy tokens; a divergence is a **near-tie** when the two tokens'
+perturbed logits are within float noise of the best one (the rule above, the threshold divided by the
+temperature), otherwise a real mismatch.
+
 Exit status: 0 when everything is equal; with ``--dtype-tolerant``, also when every
 mismatch is a near-tie in a run of less than fp32 precision; 1 otherwise. In fp32 any
 mismatch fails: there, a near-tie is shown with where and why, and still counts.
@@ -126,6 +132,24 @@ def classify(logits, a: int, b: int, dtype) -> tuple[str, str]:
     return (NEAR_TIE if gap <= threshold else REAL), evidence
 
 
+def classify_draw(logits, a: int, b: int, dtype, sampler, position: int) -> tuple[str, str]:
+    """(kind, evidence) for a divergence of sampled tokens ``a`` and ``b``, the draw of new-token index ``position``
+    under ``sampler`` (``methods.sampling.Sampler`` of the question and turn) where the reference model gives
+    ``logits`` [vocab]. The draw is the argmax of the processed logits plus the position's Gumbel noise, so this is
+    ``classify``'s rule on those perturbed logits: a near-tie when both tokens' are within the logits' near-tie
+    threshold (over the temperature, as the logits are divided by it) of the best one."""
+    import torch
+
+    x = sampler.scores(logits[None], torch.zeros(1, dtype=torch.long, device=logits.device), position, 0)[0]
+    best, threshold = float(x.max()), tie_threshold(logits, dtype) / sampler.settings.temperature
+    gap = best - min(float(x[a]), float(x[b]))
+    evidence = (f"perturbed logits (processed logit + Gumbel noise) {float(x[a]):.4f} (token {a}) and "
+                f"{float(x[b]):.4f} (token {b}), best {best:.4f}; the lower is {gap:.4g} below the best; near-tie "
+                f"threshold {threshold:.3g} in {str(dtype).removeprefix('torch.')} at "
+                f"T={sampler.settings.temperature:g}")
+    return (NEAR_TIE if gap <= threshold else REAL), evidence
+
+
 def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:
     """Classify every first divergence of a turn by re-running ``run``'s model (the reference); returns the
     run's dtype name. Raises HarnessError when ``run`` holds no config to rebuild the model from."""
@@ -149,6 +173,9 @@ def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:
         print(f"note: the run used {device}; re-running its model on the CPU in {dtype}")
         device = "cpu"
     spec = replace(ModelSpec(**cfg["model"]), dtype=dtype, device=device)
+    from methods.sampling import Sampler, Sampling
+
+    sampling = Sampling(**cfg.get("sampling", {}))
     model, tok, dev = load_model(spec)
     todo = [m for m in mismatches if m.turn is not None and m.kind is None]
     questions = {q.question_id: q for q in load_bench(cfg["bench"].get("path"),
@@ -163,7 +190,11 @@ def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:
         ids += c["token_ids"][m.turn - 1][: m.position]
         with torch.inference_mode():
             logits = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1]
-        m.kind, m.why = classify(logits, int(m.a), int(m.b), logits.dtype)
+        if sampling.greedy:
+            m.kind, m.why = classify(logits, int(m.a), int(m.b), logits.dtype)
+        else:
+            m.kind, m.why = classify_draw(logits, int(m.a), int(m.b), logits.dtype,
+                                          Sampler(sampling, m.question_id, m.turn - 1), m.position)
     return dtype
 
 

@@ -227,3 +227,41 @@ def plot_depth_acceptance(long: pd.DataFrame, out: Path, footer: str, bench: str
     ax.set_title(f"Acceptance per depth ({bench}; depths tried at least {MIN_TRIES} times)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5)
     return save_figure(fig, out, "acceptance_by_depth", footer)
+
+
+def temperature(g: Group) -> float:
+    """The sampling temperature a group decoded at (0: greedy, also for runs from before sampling existed)."""
+    return float((g.runs[0].summary.get("config", {}).get("sampling") or {}).get("temperature", 0.0))
+
+
+def plot_temperatures(stats: pd.DataFrame, groups: list[Group], out: Path, footer: str) -> list[Path]:
+    """``mat_by_temperature``: MAT and speedup against the sampling temperature, one line per method setting that
+    ran at two temperatures or more (each speedup against vanilla sampling at its own temperature)."""
+    sets = defaultdict(list)
+    for g in groups:
+        if not g.is_baseline and g.runs[0].summary:
+            rest = {k: v for k, v in g.params.items() if k not in ("sampling", "engine")}
+            sets[g.model, g.method, json.dumps(rest, sort_keys=True, default=str)].append(g)
+    series = [(k, sorted(v, key=temperature)) for k, v in sets.items() if len({temperature(g) for g in v}) > 1]
+    if not series:
+        return []
+    plt = figure_style()
+    fig, (a_mat, a_speed) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+    multi = len({g.model for g in groups}) > 1
+    for (model, method, rest), members in series:
+        shown = ", ".join(f"{k}={v}" for k, v in json.loads(rest).items()
+                          if len({json.dumps(h.params.get(k), default=str) for h in groups if h.method == method}) > 1)
+        name = method + (f" ({shown})" if shown else "") + (f" · {model}" if multi else "")
+        xs = [temperature(g) for g in members]
+        o = [_rows(stats, g).loc[OVERALL] for g in members]
+        a_mat.plot(xs, [r["mat"] for r in o], marker="o", ms=3, label=name)
+        a_speed.plot(xs, [r["speedup"] for r in o], marker="o", ms=3, label=name)
+    a_speed.axhline(1.0, color="0.2", lw=0.8, ls="--")
+    for ax in (a_mat, a_speed):
+        ax.set_xlabel("sampling temperature (0: greedy)")
+    a_mat.set_ylabel("mean accepted tokens per step (MAT)")
+    a_speed.set_ylabel("speedup over vanilla at that temperature (×)")
+    a_mat.set_title("Acceptance against temperature")
+    a_speed.set_title("Speedup against temperature")
+    a_speed.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    return save_figure(fig, out, "mat_by_temperature", footer + " · " + bench_line(groups))

@@ -17,8 +17,10 @@ task), ``environment.json``, ``acceptance_by_depth.{md,csv}`` (how often a depth
 accepted given that its parent was, per method), ``drafters.{md,csv}`` (hybrids: each drafter's
 share of the steps and its MAT) and figures as PNG and PDF: ``speedup_per_task``,
 ``accept_lengths``, ``acceptance_by_depth``, and where the runs form an ablation ``ablation_k``,
-``ablation_tree_size``, ``ablation_tree_depth`` and ``start_policies``. All numbers
-come from ``evaluation.metrics``.
+``ablation_tree_size``, ``ablation_tree_depth``, ``start_policies`` and ``mat_by_temperature``
+(a method at several sampling temperatures). Runs that sampled (``sampling.temperature`` > 0)
+are labelled by their sampling settings (``tr (T=0.7 seed=1)``), and each is paired with the
+vanilla run of the same settings. All numbers come from ``evaluation.metrics``.
 
 This module is the command; ``evaluation.runs`` finds and groups the runs, ``evaluation.tables`` and
 ``evaluation.figures`` make the outputs.
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 from evaluation.figures import (plot_ablations, plot_accept_lengths, plot_depth_acceptance, plot_speedup,
-                                plot_start_policies)
+                                plot_start_policies, plot_temperatures)
 from evaluation.runs import bench_line, check_machines, collect, environment_line, group_runs, timing_note
 from evaluation.tables import (depth_markdown, depth_stats, drafter_markdown, drafter_stats, main_table, task_stats,
                                to_latex, to_markdown)
@@ -76,6 +78,7 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
         files += plot_ablations(stats, groups, out, env)
         files += plot_start_policies(stats, groups, out, env)
         files += plot_depth_acceptance(depths, out, env, bench_line(groups))
+        files += plot_temperatures(stats, groups, out, env)
     return {"table": table, "stats": stats, "groups": groups, "depths": depths, "drafters": drafters,
             "files": files}
 

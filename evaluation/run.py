@@ -253,6 +253,8 @@ class Runner:
                 **self._per_step(turns),
             }],
             "tstamp": time.time(),
+            # Spec-Bench names the temperature in its model ids (-temp-0.7); ours say it here (sampled runs only)
+            **({"sampling": asdict(self.sampling)} if not self.sampling.greedy else {}),
         }
 
 

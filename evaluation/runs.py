@@ -84,11 +84,23 @@ def load_run(file: Path, label: str | None = None) -> Run:
         params = dict(summary.get("config", {}).get("method", {}))
         params.pop("name", None)
         params["engine"] = engine_name(summary.get("config", {}).get("engine"))
+        sampling = sampling_label(summary.get("config", {}).get("sampling"))
+        if sampling:
+            params["sampling"] = sampling
         return Run(file, records, summary, summary["model"], label or summary["method"], params)
     models = sorted({str(r.get("model_id")) for r in records})
     if len(models) != 1:
         raise HarnessError(f"{file} answers with several models {models}; give one answer file per model and method")
     return Run(file, records, {}, models[0], label or (file.parent.name if file.name == ANSWERS else file.stem))
+
+
+def sampling_label(sampling: dict | None) -> str | None:
+    """``T=0.7 seed=1`` (with any top-k or top-p) for a run that sampled, None for a greedy one (or one from before
+    sampling settings existed)."""
+    from methods.sampling import Sampling
+
+    s = Sampling(**sampling) if sampling else Sampling()
+    return None if s.greedy else s.label()
 
 
 def engine_name(engine: dict | None) -> str:
@@ -198,7 +210,9 @@ def _label_runs(runs: list[Run]) -> None:
         keys = sorted({k for r in group for k in r.params})
         differ = [k for k in keys if len({json.dumps(r.params.get(k), sort_keys=True) for r in group}) > 1]
         for r in group:
-            r.label = r.method + (" (" + ", ".join(f"{k}={r.params.get(k)}" for k in differ) + ")" if differ else "")
+            shown = [str(r.params.get(k)) if k == "sampling" else f"{k}={r.params.get(k)}" for k in differ
+                     if not (k == "sampling" and r.params.get(k) is None)]
+            r.label = r.method + (" (" + ", ".join(shown) + ")" if shown else "")
 
 
 def _repeats(runs: list[Run]) -> list[Group]:
@@ -231,24 +245,31 @@ def _give_named_baseline(groups: list[Group], baseline: list[Run]) -> None:
 
 
 def _give_vanilla_baselines(groups: list[Group], runs: list[Run]) -> None:
-    """Without ``--baseline`` a row's baseline is the vanilla runs of its model on its engine: an engine changes
-    the speed of vanilla decoding as much as that of the method."""
+    """Without ``--baseline`` a row's baseline is the vanilla runs of its model on its engine, under its sampling
+    settings: an engine changes the speed of vanilla decoding as much as that of the method, and a temperature
+    the tokens (a sampled run is compared with vanilla sampling of the same settings and seed)."""
     for g in groups:
         g.baseline = [r for r in runs if r.model == g.model and r.method == BASELINE
-                      and r.params.get("engine") == g.params.get("engine")]
+                      and r.params.get("engine") == g.params.get("engine")
+                      and r.params.get("sampling") == g.params.get("sampling")]
         g.is_baseline = g.method == BASELINE
     _refuse_missing_baselines(groups)
 
 
 def _refuse_missing_baselines(groups: list[Group]) -> None:
     """Every model and engine lacking a vanilla run in one message, with the runs that need it and the two fixes."""
-    missing = sorted({(g.model, g.params.get("engine")) for g in groups if not g.baseline}, key=str)
+    def where(g: Group) -> tuple:
+        return g.model, g.params.get("engine"), g.params.get("sampling")
+
+    missing = sorted({where(g) for g in groups if not g.baseline}, key=str)
     if missing:
-        have = {m: [g.label for g in groups if (g.model, g.params.get("engine")) == m] for m in missing}
+        have = {m: [g.label for g in groups if where(g) == m] for m in missing}
         raise HarnessError("; ".join(f"no {BASELINE} run of model {m}" + (f" on engine {e}" if e else "")
-                                     + f" (runs: {', '.join(have[m, e])})" for m, e in missing)
-                           + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}) "
-                             f"or name a baseline with --baseline RUN")
+                                     + (f" sampling at {s}" if s else "")
+                                     + f" (runs: {', '.join(have[m, e, s])})" for m, e, s in missing)
+                           + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}"
+                           + (", with the same sampling.* settings" if any(s for _, _, s in missing) else "")
+                           + ") or name a baseline with --baseline RUN")
 
 
 def _check_common_questions(groups: list[Group]) -> None:

@@ -4,7 +4,9 @@
 
 RUN and BASELINE_RUN are run folders or answer files. Questions are paired by id.
 Prints a markdown table and saves speed.csv and speed.md (default: beside the
-first RUN). Definitions live in evaluation.metrics.
+first RUN). Definitions live in evaluation.metrics. Runs that sampled (their records'
+``sampling`` settings) get a ``sampling`` column, and each must have a baseline with the same
+settings: a speedup compares two ways of computing the same sample.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pandas as pd
 from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
 from evaluation.metrics import task_table
 from methods.common import HarnessError, exit_on_error
+from methods.sampling import Sampling
 
 COLUMNS = {
     "questions": "questions", "mat": "MAT", "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
@@ -31,8 +34,19 @@ def label(records: list[dict], path: str) -> str:
     return methods.pop() if len(methods) == 1 and None not in methods else Path(path).stem
 
 
+def sampling_of(records: list[dict], path: str) -> str:
+    """``greedy`` or the settings (``T=0.7 seed=1``) the records sampled with (records from before sampling
+    existed: greedy); HarnessError when one file mixes settings."""
+    found = {Sampling(**r["sampling"]).label() if r.get("sampling") else "greedy" for r in records}
+    if len(found) > 1:
+        raise HarnessError(f"{path} mixes answers of different sampling settings ({', '.join(sorted(found))}); "
+                           f"keep one run's settings per answer file")
+    return found.pop() if found else "greedy"
+
+
 def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
     base = read_answers(baseline) if baseline else None
+    base_sampling = sampling_of(base, baseline) if base is not None else None
     tables = []
     records = [read_answers(path) for path in runs]
     labels = [label(recs, path) for recs, path in zip(records, runs)]
@@ -46,10 +60,17 @@ def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
                                    f"{sorted(map(str, theirs))}; give a baseline run of the same model")
             if not {r["question_id"] for r in recs} & {r["question_id"] for r in base}:
                 raise HarnessError(f"{path} and the baseline answer no question in common")
+        sampling = sampling_of(recs, path)
+        if base is not None and sampling != base_sampling:
+            raise HarnessError(f"{path} decoded with sampling {sampling} but the baseline {baseline} with "
+                               f"{base_sampling}; give as --baseline the vanilla run with the same sampling.* "
+                               f"settings (a speedup compares two ways of computing the same tokens)")
         t = task_table(recs, base).reset_index()
         t.insert(0, "method", name)
+        t.insert(1, "sampling", sampling)
         tables.append(t)
-    return pd.concat(tables, ignore_index=True).rename(columns=COLUMNS)
+    table = pd.concat(tables, ignore_index=True).rename(columns=COLUMNS)
+    return table if (table["sampling"] != "greedy").any() else table.drop(columns="sampling")
 
 
 @exit_on_error

@@ -35,6 +35,8 @@ class Draft:
     depth: int | None = None  # depth of the deepest acceptable node (None: the tree's depth), for the answer file
     info: dict | None = None  # what the proposer records about this step in the answer file (a hybrid: which
     #                           drafter drafted it), JSON-able: ``step_info`` there, one entry per step
+    q: torch.Tensor | None = None  # [n, vocab]: row i the distribution node i's children were sampled from (without
+    #                                replacement), for the rejection rule at temperature > 0 (methods.sampling)
 
     @property
     def acceptable_depth(self) -> int:
@@ -105,6 +107,10 @@ class Proposer:
     needs_target: ClassVar[bool] = False  # build() gets the target model (EAGLE shares its embeddings, lm_head)
     drafts_first: bool = False  # the prefill leaves out the prompt's last token, which roots the first draft
     drafts: ClassVar[bool] = True  # False: never drafts (vanilla), for the step-counting conventions of metrics
+    samples_like_vanilla: bool = True  # False: at temperature > 0 its tokens have the target's distribution but are
+    #                                    not vanilla sampling's draws (EAGLE-1's verify=specinfer)
+    wants_sampler: bool = False  # True: the loop sets ``sampler`` (the turn's methods.sampling.Sampler, or None
+    #                              when greedy) before ``reset``, for a proposer that samples its drafts
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
 
     @classmethod

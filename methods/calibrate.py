@@ -9,6 +9,11 @@ per model, K and start under ``data/cache/autotree/``; the embedded model's, for
 come with the project (``data/autotree/``), since on a 2-core CPU they take about 15 minutes. The cost
 is measured through the run's engine when the run starts, since it belongs to this device, its load
 and its thread count.
+
+``method.max_draft=auto`` (SAM-Decoding's methods, ``methods.sam``) is sized the same way: a
+calibration records every retrieved chain of SAM alone (the method's settings, the reference's chain
+length) over our own prompts, cached like the trees' (``chain_calibration``), and the run's cost curve,
+the same measurement, prices shorter caps (``chain_budget``, ``methods.autotree.choose_chain_caps``).
 """
 from __future__ import annotations
 

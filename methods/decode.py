@@ -114,6 +114,8 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
     first_step = proposer.drafts_first and n_prompt > 1
     prefill = n_prompt - 1 if first_step else n_prompt
     logits, states = engine.forward(ids[:prefill], last_only=not full, hidden=hidden)
+    if proposer.wants_sampler:
+        proposer.sampler = sampler
     proposer.reset(ids[:prefill], turn, logits if full else None, states)
     if not first_step:
         nodes.append(0), depths.append(0), info.append(None)

@@ -51,6 +51,8 @@ from methods.params import param
 from methods.tree import Tree, additive_mask, load_template
 
 
+VERIFY_RULES = ("coupled", "specinfer")  # EAGLE-1 at temperature > 0 (methods.sampling)
+
 # The checkpoint layout, defined here once: load_head reads it, save_head writes it (scripts.train_eagle's heads,
 # data/eagle/), as SafeAILab/EAGLE publishes its heads and eagle/model/ea_model.py reads them.
 CONFIG_FILE = "config.json"
@@ -301,10 +303,18 @@ class Eagle(_Eagle):
     class Params(_Eagle.Params):
         tree: str = param("eagle", "a template in data/trees/ or a .json path (eagle: EAGLE-1's tree, 25 drafts, "
                           "depth 5, ranks of the head's top-k)")
+        verify: str = param("coupled", "at temperature > 0: coupled (the head's top-k, every token vanilla "
+                            "sampling's draw: methods.sampling) | specinfer (children sampled from the head's "
+                            "distribution, recursive rejection sampling with it: the target's distribution, not "
+                            "vanilla's tokens)", choices=VERIFY_RULES)
 
-    def __init__(self, head, target, width, head_name, device, tree: str):
+    def __init__(self, head, target, width, head_name, device, tree: str, verify: str = "coupled"):
         super().__init__(head, target, width, head_name, device)
         self.tree, self.tree_name = load_template(str(tree)).to(device), str(tree)
+        self.verify = verify
+        self.wants_sampler = verify == "specinfer"
+        self.samples_like_vanilla = not self.wants_sampler
+        self.sampler, self.n_prompt = None, 0
         if int(self.tree.rank.max()) >= width:
             raise HarnessError(f"tree '{tree}' uses ranks up to {int(self.tree.rank.max())}, which needs "
                               f"method.topk > {int(self.tree.rank.max())} (got {width})")
@@ -322,27 +332,49 @@ class Eagle(_Eagle):
                                 torch.tensor(kids, device=device),
                                 torch.tensor([fwd.index(parents[i]) for i in kids], device=device)))
 
+    def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
+        super().reset(prompt_ids, turn, prompt_logits, prompt_hidden)
+        self.n_prompt = len(prompt_ids)
+
     def propose(self, context: torch.Tensor) -> Draft:
         tree, rank = self.tree, self.tree.rank
         root, past = self._catch_up(context)
+        sampled = self.sampler is not None and not self.sampler.settings.greedy
+        gen = self.sampler.generator(len(context) - self.n_prompt, 1, self.device) if sampled else None
+        self._q = None  # [n, vocab] with gen: the distributions the children were sampled from
         tokens = torch.empty(tree.size, dtype=torch.long, device=self.device)
         tokens[0] = context[-1]
-        tokens[self.first] = self.lm_head(root).topk(self.width).indices[rank[self.first]]
+        tokens[self.first] = self._children(self.lm_head(root)[None], gen, [0])[0, rank[self.first]]
         features = root.expand(tree.size, -1).clone()  # [n, h] predicted feature after each node
         for d, fwd, allowed, kids, parent_row in self.levels:
             parent_features = features[tree.parent_index[fwd]]
             out = self._head(tokens[fwd], parent_features, torch.full_like(fwd, past - 1 + d), past, allowed)
             features[fwd] = out
-            top = self.lm_head(out).topk(self.width).indices  # [len(fwd), width]
+            top = self._children(self.lm_head(out), gen, fwd)  # [len(fwd), width]
             tokens[kids] = top[parent_row, rank[kids]]
         kv.truncate(self.cache, past)
-        return Draft(tokens, tree)
+        return Draft(tokens, tree, q=self._q)
+
+    def _children(self, logits: torch.Tensor, gen, rows) -> torch.Tensor:
+        """[m, width] candidate children of m nodes in the order they are tried: the head's top tokens, or with
+        ``gen`` (verify=specinfer at temperature > 0) a sample without replacement from the head's processed
+        distribution (Gumbel top-k), whose rows go to the step's ``_q`` at ``rows``."""
+        if gen is None:
+            return logits.topk(self.width).indices
+        from methods.sampling import process
+
+        probs = process(logits, self.sampler.settings)  # [m, vocab]
+        if self._q is None:
+            self._q = torch.zeros(self.tree.size, probs.shape[-1], device=probs.device)
+        self._q[rows] = probs
+        noise = torch.rand(probs.shape, generator=gen, device=probs.device).clamp_(min=1e-20)
+        return (probs.log() - (-noise.log()).log()).topk(self.width).indices
 
     def step_sizes(self) -> list[int]:
         return [self.tree.size]
 
     def summary(self) -> dict:
-        return {**super().summary(), "tree": self.tree_name, "tree_nodes": self.tree.size,
+        return {**super().summary(), "tree": self.tree_name, "verify": self.verify, "tree_nodes": self.tree.size,
                 "tree_depth": self.tree.max_depth}
 
 

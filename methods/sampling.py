@@ -6,19 +6,27 @@ processed as transformers' sampling warpers process them, in ``generate``'s orde
 temperature, then all but the ``top_k`` largest logits removed (ties with the k-th kept), then all but
 the smallest set of most likely tokens whose probability reaches ``top_p`` (at least one kept).
 
-**Position-keyed draws.** The j-th new token of a turn is drawn by inverse CDF from one uniform
-number: the first token, in vocabulary order, whose cumulative probability exceeds ``u_j`` times the
-total. ``u_j`` is a hash of (seed, question, turn, j) (``uniform``, splitmix64), not a generator's
-state, so it depends on nothing a method changes. A speculative method verifies a draft node at
-depth d below a root whose next token is the j-th by comparing the node's token with its parent's
-draw for position j + d - 1 (``Sampler.draw`` at every node, then the greedy acceptance rule with the
-draws in place of the argmax: ``methods.verify``). Every committed token is then the draw vanilla
-sampling makes at its position from the target's distribution given the same prefix, so **every
-method's tokens equal vanilla sampling's with the same seed** (in fp32, up to a draw that falls
-within float noise of a CDF boundary: ``evaluation.equal`` says where). The output has exactly the
-target's distribution, and a draft x is accepted with probability p(x), a set of siblings with the
-sum of theirs: what the rule of EAGLE-2 and SAM-Decoding for deterministic drafts (accept with p(x),
-on rejection zero it and renormalise) achieves, with reproducibility on top.
+**Position-keyed draws.** The j-th new token of a turn is the Gumbel-max draw: the token of the largest
+processed logit plus a Gumbel noise ``g_j[v] = -log(-log(u_j[v]))``, where ``u_j`` is one uniform number per
+vocabulary entry from a generator seeded by a hash of (seed, question, turn, j) (``Sampler.noise``), so it
+depends on nothing a method changes; the argmax of logits plus Gumbel noise is a draw from their softmax
+(Gumbel, 1954; the "Gumbel-max trick"). A speculative method verifies a draft node at depth d below a
+root whose next token is the j-th by comparing the node's token with its parent's draw for position
+j + d - 1 (``Sampler.draw`` at every node, then the greedy acceptance rule with the draws in place of
+the argmax: ``methods.verify``). Every committed token is then the draw vanilla sampling makes at its
+position from the target's distribution given the same prefix, so **every method's tokens equal vanilla
+sampling's with the same seed** (in fp32, up to a near-tie: two perturbed logits within float noise of
+each other, as rare as a greedy near-tie; ``evaluation.equal`` says where). The output has exactly the
+target's distribution, and a draft x is accepted with probability p(x), a set of siblings with the sum
+of theirs: what the rule of EAGLE-2 and SAM-Decoding for deterministic drafts (accept with p(x), on
+rejection zero it and renormalise) achieves, with reproducibility on top.
+
+Why not inverse CDF on one uniform per position: a method's logits differ from vanilla's in their last
+bits (another batch shape, another summation order), which moves every boundary of the cumulative
+distribution by about 1e-6; at temperature 1 the draw lands that close to a boundary, or inside the
+long tail of tokens narrower than that, often enough that about a third of 128-token turns diverged by
+such a near-tie (results/MEASUREMENTS.md, "Sampling"). Gumbel-max turns a tie into two perturbed logits
+within 1e-5 of each other, which a continuous noise makes rare.
 
 >>> s = Sampler(Sampling(temperature=1.0, seed=1), question=81, turn=0)
 >>> s.draw(torch.tensor([[0.0, 0.0, 9.0]]), torch.tensor([0]), 0, 0).tolist()  # nearly all mass on token 2
@@ -67,21 +75,25 @@ class Sampling:
         return " ".join(parts + [f"seed={self.seed}"])
 
 
-def process(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """Probabilities [n, vocab] (float32) of ``logits`` [n, vocab] under ``s`` (temperature > 0)."""
+def processed_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """Logits [n, vocab] (float32) of ``logits`` [n, vocab] under ``s`` (temperature > 0): divided by the temperature,
+    the tokens that top-k and top-p remove at -inf."""
     x = logits.float() / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
         kth = x.topk(s.top_k, dim=-1).values[:, -1:]
         x = x.masked_fill(x < kth, float("-inf"))
-    probs = x.softmax(dim=-1)
     if s.top_p < 1:
-        ranked, order = probs.sort(dim=-1, descending=True)
+        ranked, order = x.softmax(dim=-1).sort(dim=-1, descending=True)
         before = ranked.cumsum(dim=-1) - ranked  # the mass of the more likely tokens
         drop = before >= s.top_p
         drop[:, 0] = False  # the most likely token always stays
-        probs = probs.scatter(-1, order, ranked.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    return x
+
+
+def process(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """Probabilities [n, vocab] (float32) of ``logits`` [n, vocab] under ``s`` (temperature > 0)."""
+    return processed_logits(logits, s).softmax(dim=-1)
 
 
 def _splitmix64(x: int) -> int:
@@ -91,38 +103,93 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def uniform(seed: int, question: int, turn: int, position: int) -> float:
-    """A number in [0, 1) fixed by (seed, question, turn, position): 53 bits of a splitmix64 hash chain.
+def key(*values: int) -> int:
+    """A 63-bit seed fixed by ``values`` (a splitmix64 hash chain).
 
-    >>> uniform(0, 81, 0, 5) == uniform(0, 81, 0, 5) != uniform(0, 81, 0, 6)
+    >>> key(0, 81, 0, 5) == key(0, 81, 0, 5) != key(0, 81, 0, 6)
     True
     """
     x = 0
-    for v in (seed, question, turn, position):
+    for v in values:
         x = _splitmix64(x ^ (v & MASK64))
-    return (x >> 11) / float(1 << 53)
+    return x >> 1
 
 
 class Sampler:
-    """The draws of one turn: ``draw(logits, positions)`` gives the token at every row's position."""
+    """The draws of one turn: ``draw(logits, depth, start, max_depth)`` gives the token at every row's position."""
+
+    KEEP = 64  # positions whose noise is kept (a step asks for its own and the next few)
 
     def __init__(self, settings: Sampling, question: int, turn: int):
         self.settings, self.question, self.turn = settings, question, turn
-        self._u: dict[int, float] = {}
+        self._noise: dict[int, torch.Tensor] = {}
 
-    def uniforms(self, positions: list[int]) -> list[float]:
-        s, u = self.settings, self._u
-        for p in positions:
-            if p not in u:
-                u[p] = uniform(s.seed, self.question, self.turn, p)
-        return [u[p] for p in positions]
+    def generator(self, position: int, salt: int, device: torch.device) -> torch.Generator:
+        """A generator seeded by (seed, question, turn, position, salt): randomness a step needs beyond the draws'
+        (a drafter sampling its drafts, salt 1; the rejection rule, salt 2), reproducible."""
+        return torch.Generator(device=device).manual_seed(key(self.settings.seed, self.question, self.turn,
+                                                              position, salt))
+
+    def noise(self, position: int, vocab: int) -> torch.Tensor:
+        """Gumbel noise [vocab] (float32, CPU) of new-token index ``position``: the same on every device."""
+        g = self._noise.get(position)
+        if g is None or g.shape[0] != vocab:
+            u = torch.rand(vocab, generator=self.generator(position, 0, torch.device("cpu")))
+            g = self._noise[position] = -(-u.log()).log()  # u = 0 gives -inf: never drawn
+            if len(self._noise) > self.KEEP:
+                del self._noise[min(self._noise)]
+        return g
+
+    def scores(self, logits: torch.Tensor, depth: torch.Tensor, start: int, max_depth: int) -> torch.Tensor:
+        """Perturbed logits [n, vocab]: row i's processed logits plus the noise of new-token index
+        ``start + depth[i]`` (``depth`` [n] on the logits' device, at most ``max_depth``; no host sync)."""
+        vocab = logits.shape[-1]
+        noise = torch.stack([self.noise(p, vocab) for p in range(start, start + max_depth + 1)])
+        return processed_logits(logits, self.settings) + noise.to(logits.device, non_blocking=True)[depth]
 
     def draw(self, logits: torch.Tensor, depth: torch.Tensor, start: int, max_depth: int) -> torch.Tensor:
-        """Tokens [n] drawn by inverse CDF from ``logits`` [n, vocab]: row i is at new-token index
-        ``start + depth[i]`` (``depth`` [n] on the logits' device, at most ``max_depth``; no host sync)."""
-        probs = process(logits, self.settings)
-        cdf = probs.cumsum(dim=-1)
-        u = torch.tensor(self.uniforms(list(range(start, start + max_depth + 1))), dtype=cdf.dtype,
-                         device=cdf.device)
-        target = u[depth][:, None] * cdf[:, -1:]
-        return torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)[:, 0]
+        """Tokens [n]: the Gumbel-max draw of every row of ``logits`` [n, vocab] at new-token index
+        ``start + depth[i]``."""
+        return self.scores(logits, depth, start, max_depth).argmax(dim=-1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """What the target's distribution becomes after a draft of ``q`` is rejected: max(p - q, 0), renormalised."""
+    r = (p - q).clamp_min_(0)
+    total = float(r.sum())
+    return r / total if total > 0 else p
+
+
+def rejection(tokens: list[int], children: list[list[int]], logits: torch.Tensor, q: torch.Tensor, sampler: Sampler,
+              position: int) -> tuple[list[int], int]:
+    """(accepted path, bonus token) of a draft whose children were sampled without replacement from ``q`` [n, vocab]
+    (row i: the drafter's distribution after node i), by recursive rejection sampling (SpecInfer's multi-draft
+    speculative sampling, with the draft distribution renormalised without each rejected token, as sampling
+    without replacement needs: Jeon et al., arXiv 2402.14160). At an accepted node with target distribution p,
+    child x is accepted with probability min(1, p(x) / q(x)); on rejection p becomes max(p - q, 0) renormalised and
+    q loses x; when every child is rejected, or at a leaf, the bonus token is drawn from what p has become. The
+    tokens are the target's distribution exactly, but not vanilla's draws: reproducible per seed, not equal."""
+    gen = sampler.generator(position, 2, logits.device)
+    node, path = 0, [0]
+    p = process(logits[:1], sampler.settings)[0]
+    while children[node]:
+        qn = q[node].float().clone()
+        accepted = None
+        for c in children[node]:
+            x = tokens[c]
+            if float(qn[x]) <= 0:  # not a sample of q (its support had fewer tokens than children): never taken
+                continue
+            r = float(torch.rand((), generator=gen, device=logits.device))
+            if r * float(qn[x]) < float(p[x]):
+                accepted = c
+                break
+            p = residual(p, qn)
+            qn[x] = 0
+            qn = qn / qn.sum() if float(qn.sum()) > 0 else qn
+        if accepted is None:
+            break
+        node = accepted
+        path.append(node)
+        p = process(logits[node:node + 1], sampler.settings)[0]
+    bonus = int(torch.multinomial(p, 1, generator=gen))
+    return path, bonus

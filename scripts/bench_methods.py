@@ -12,8 +12,10 @@ method under --out, checks that all produced the same tokens, and prints the spe
 table (evaluation.speed) against the baseline and, with --generate, against generate.
 Each method is its overrides, the engine and the model included: ``"method=tr engine=hf"``
 runs TR on the reference engine, ``"method=tr model.dtype=bfloat16"`` on a second copy of
-the model in bf16 (one model is loaded per distinct model setting). Each method's tokens
-are compared with the first method of its own model setting; every divergence is
+the model in bf16 (one model is loaded per distinct model setting), and
+``"method=tr sampling.temperature=0.7"`` samples. Each method's tokens are compared with the
+first method of its own model setting and sampling settings (put a vanilla first for
+each: a sampled method must reproduce vanilla sampling with the same seed); every divergence is
 classified by re-running the model (``evaluation.equal``): in fp32 any divergence fails
 (exit 1), in bf16/fp16 only one that is not a near-tie. ``--phases`` also splits every
 method's step time into forward, drafting (propose), acceptance, update and cache commit
@@ -27,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
@@ -34,9 +37,9 @@ from evaluation.answers import ANSWERS, SUMMARY, folder_lock
 from evaluation.data import load_bench
 from evaluation.equal import NEAR_TIE, compare, explain
 from evaluation.models import load_model
-from evaluation.run import Runner, compose_config, environment, model_spec
+from evaluation.run import Runner, compose_config, environment, model_spec, sampling_settings
 from evaluation.speed import markdown, speed_table
-from methods.common import RESULTS, exit_on_error, write_json_atomic, write_jsonl_atomic
+from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_jsonl_atomic
 from methods.decode import Generation, PhaseTimer
 from methods.machine import describe
 
@@ -75,6 +78,10 @@ def main(argv=None) -> int:
         return bench(args, out)
 
 
+def sampling_key(cfg) -> str:
+    return repr(sampling_settings(cfg))
+
+
 def bench(args, out: Path) -> int:
     common = [f"bench={args.bench}", f"warmup={args.warmup}", *args.set]
     labels = [m.replace("method=", "").replace(" ", ",") for m in args.methods]
@@ -82,19 +89,23 @@ def bench(args, out: Path) -> int:
     b = cfgs[0].bench
     questions = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
+    if args.generate and not all(sampling_settings(c).greedy for c in cfgs):
+        raise HarnessError("--generate compares with greedy model.generate: leave it out at sampling.temperature > 0 "
+                           "(sampled methods are checked against vanilla sampling with the same seed)")
     models: dict[str, tuple] = {}  # one model per distinct spec ("method=vanilla model.dtype=bfloat16" loads another)
+    # Each method's tokens are checked against the first method of its model setting and sampling settings.
     runners, run_cfgs, same_model = {}, dict(zip(labels, cfgs)), {}
     for label, cfg in zip(labels, cfgs):
         key = repr(model_spec(cfg))
         if key not in models:
             models[key] = load_model(model_spec(cfg))
         runners[label] = Runner(cfg, models[key])
-        same_model.setdefault(key, []).append(label)
+        same_model.setdefault((key, sampling_key(cfg)), []).append(label)
     loaded = next(iter(models.values()))
     if args.generate:
         run_cfgs[GENERATE] = compose_config(common + ["method=vanilla"])
         runners[GENERATE] = GenerateRunner(run_cfgs[GENERATE], loaded)
-        same_model[repr(model_spec(cfgs[0]))].append(GENERATE)
+        same_model[repr(model_spec(cfgs[0])), sampling_key(cfgs[0])].append(GENERATE)
     for r in runners.values():
         for _ in range(args.warmup):
             r.answer(questions[0])
@@ -125,9 +136,15 @@ def bench(args, out: Path) -> int:
             "engine": r.engine.summary(),
             "method_state": r.proposer.summary()})
     unequal = []
-    for group in same_model.values():  # each method against the first of its own model (and dtype)
+    for group in same_model.values():  # each method against the first of its own model (dtype) and sampling
         ref = group[0]
         for label in group:
+            if not runners[label].proposer.samples_like_vanilla \
+                    and not sampling_settings(run_cfgs[label]).greedy:
+                same, total, _, _ = compare(records[ref], records[label])
+                print(f"{label}: {same}/{total} turns token-identical to {ref}; its rule keeps the target's "
+                      f"distribution, not vanilla's draws (not checked token by token)")
+                continue
             mismatches, fails, verdict = lossless(out, ref, label, records)
             if fails:
                 unequal.append((ref, label))
@@ -137,14 +154,20 @@ def bench(args, out: Path) -> int:
     env = environment(loaded[2], next(loaded[0].parameters()).dtype)
     print(f"\n{len(questions)} questions, {b.max_new_tokens} new tokens, {loaded[2]} "
           f"({describe(env['cpu'])}); speedup against {labels[0]}:")
-    table = speed_table([str(out / label) for label in records], str(out / labels[0]))
+    # The first method's sampling settings, every model setting (a bf16 run against fp32 vanilla too): one table
+    first = [label for (_, s), group in same_model.items() if s == sampling_key(cfgs[0]) for label in group]
+    table = speed_table([str(out / label) for label in first], str(out / labels[0]))
     print(markdown(table))
-    table.to_csv(out / "speed.csv", index=False)
-    (out / "speed.md").write_text(markdown(table) + "\n")
-    for group in list(same_model.values())[1:]:  # another dtype or model: also against its own first method
+    tables = [table]
+    for (_, s), group in list(same_model.items())[1:]:  # another dtype, model or sampling: against its own first
         print(f"\nagainst {group[0]}:")
         vs = speed_table([str(out / label) for label in group], str(out / group[0]))
         print(markdown(vs[vs["task"] == "overall"]))
+        if s != sampling_key(cfgs[0]):
+            tables.append(vs)
+    table = pd.concat(tables, ignore_index=True)
+    table.to_csv(out / "speed.csv", index=False)
+    (out / "speed.md").write_text(markdown(table) + "\n")
     if args.generate:
         print(f"\nagainst {GENERATE}:")
         vs = speed_table([str(out / label) for label in records], str(out / GENERATE))
@@ -158,7 +181,7 @@ def bench(args, out: Path) -> int:
     print(f"-> {out}")
     if unequal:
         ref, label = unequal[0]
-        print(f"NOT LOSSLESS: {', '.join(b for _, b in unequal)} differ(s) from greedy beyond near-ties "
+        print(f"NOT LOSSLESS: {', '.join(b for _, b in unequal)} differ(s) from their reference beyond near-ties "
               f"(python -m evaluation.equal {out / ref} {out / label} says where and why)")
         return 1
     return 0
@@ -181,8 +204,6 @@ def lossless(out: Path, ref: str, label: str, records: dict) -> tuple[list, bool
 
 def phase_table(runners: dict, records: dict):
     """ms per decoding step (prefill excluded) spent in each phase, per method, and the phases' shares."""
-    import pandas as pd
-
     rows = []
     for label, r in runners.items():
         if not isinstance(r.timer, PhaseTimer):

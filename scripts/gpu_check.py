@@ -4,7 +4,7 @@
 
 A lent GPU machine is bare (its own torch and transformers; no Hydra, OmegaConf or fastchat; no network)
 and gives a session minutes, so this script needs nothing but ``methods/`` and ``evaluation/shapes.py``,
-keeps to ``--budget`` (default 420 s), writes at most five files, and goes on past a failing step. Steps, by
+keeps to ``--budget`` (default 420 s), writes at most six files, and goes on past a failing step. Steps, by
 value:
 
 1. ``attention.csv``: which ``scaled_dot_product_attention`` kernel runs, and how fast, for a tree step
@@ -14,6 +14,9 @@ value:
    engines, on tiny random models of the Llama-3 and Vicuna architectures: fp32 on the device token-identical
    to CPU greedy; fp16 against it, each first divergence classified (``evaluation.equal.classify``: a near-tie
    of the fp16 model, or a real mismatch).
+2b. ``sampling.csv``: every method sampling at temperature 1 (top-p 0.95) in fp32 on the static engine, on
+   the device: token-identical to vanilla sampling with the same seed there (``methods.sampling``), and how
+   often vanilla's samples on the device equal the CPU's.
 3. ``methods.csv`` (engine ``static-compiled``): compiled steps with CUDA graphs (``reduce-overhead``) for
    two step sizes, prepared before decoding: equal to CPU greedy, compile seconds, nothing compiled late.
 4. ``cost.csv``: the fp16 latency of verifying N = 1..128 tokens after 512 and 1536 cached ones, static
@@ -49,6 +52,7 @@ from methods.base import build_proposer  # noqa: E402
 from methods.decode import generate  # noqa: E402
 from methods.engine import HFEngine, StaticEngine, sdpa_backend, sdpa_choice  # noqa: E402
 from methods.ops import sync  # noqa: E402
+from methods.sampling import Sampler, Sampling  # noqa: E402
 
 METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),
            ("eagle2", {"head": "random", "total_tokens": 30}), ("sam", {}), ("sam_tr", {"merge": True, "threshold": 2}),
@@ -193,6 +197,40 @@ def methods(check: Check, archs) -> str:
     return f"FAILED: {bad} of {len(rows)} runs" if bad else f"ok: {len(rows)} runs as required"
 
 
+def sampled(check: Check, arch: str) -> str:
+    """Every method at temperature 1 on the device equals vanilla sampling there, token for token."""
+    settings, dev, rows = Sampling(temperature=1.0, top_p=0.95, seed=1), check.device, []
+    cpu_model = random_model(arch, small=True)
+    model = random_model(arch, small=True, device=dev)
+
+    def run(m, engine, name, params, i, prompt):
+        p = build_proposer(name, params, vocab_size=m.config.vocab_size, device=engine.device, target=m)
+        return generate(engine, p, prompt, max_new_tokens=NEW_TOKENS, stop_ids=set(),
+                        sampler=Sampler(settings, i, 0)).token_ids
+
+    engine, cpu_engine = StaticEngine(model), StaticEngine(cpu_model)
+    for i, prompt in enumerate(PROMPTS):
+        ref = run(model, engine, "vanilla", {}, i, prompt)
+        cpu = run(cpu_model, cpu_engine, "vanilla", {}, i, prompt)
+        for name, params in METHODS:
+            if check.left() < 10:
+                check.csv("sampling.csv", rows)
+                return f"FAILED: out of time after {len(rows)} runs"
+            got = run(model, engine, name, params, i, prompt)
+            pos = first_divergence(got, ref)
+            rows.append({"arch": arch, "method": name, "prompt": i, "equal": pos is None,
+                         "first_divergence": "" if pos is None else pos,
+                         "vanilla_equals_cpu": first_divergence(ref, cpu) is None})
+            if pos is not None:
+                print(f"{arch} sampled {name} prompt {i}: diverges from vanilla sampling at {pos}")
+    check.csv("sampling.csv", rows)
+    bad = sum(not r["equal"] for r in rows)
+    same_cpu = sum(r["vanilla_equals_cpu"] for r in rows[::len(METHODS)])
+    print(f"{arch} sampled: {len(rows) - bad}/{len(rows)} equal to vanilla sampling on {dev}; vanilla's samples "
+          f"equal the CPU's for {same_cpu}/{len(PROMPTS)} prompts")
+    return f"FAILED: {bad} of {len(rows)} runs" if bad else f"ok: {len(rows)} runs as required"
+
+
 def compiled(check: Check, arch: str) -> str:
     """Vanilla (1 node) and TR with a 6-node tree: two step sizes, compiled before decoding, then decoded."""
     model, refs = references(arch, check.device)
@@ -286,7 +324,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("gpu_check.log", "attention.csv", "methods.csv", "cost.csv"):
+    for f in ("gpu_check.log", "attention.csv", "methods.csv", "sampling.csv", "cost.csv"):
         (out / f).unlink(missing_ok=True)
     log = open(out / "gpu_check.log", "w", buffering=1)  # line by line: a hard timeout keeps what was said
     sys.stdout = Tee(sys.__stdout__, log)
@@ -299,6 +337,7 @@ def main(argv=None) -> int:
     archs = ["llama-3-8b-instruct", "vicuna-7b"]
     check.run("1 attention kernels (fp16)", attention, torch.float16 if not args.cpu else torch.float32)
     check.run("2 methods, fp32 = CPU greedy; fp16 divergences classified", methods, archs)
+    check.run("2b sampling at T=1: every method = vanilla sampling", sampled, archs[0])
     check.run("3 compiled steps" + (" with CUDA graphs" if device.type == "cuda" else ""), compiled, archs[0])
     if args.cpu:
         check.run("4 cost curves (tiny shapes)", cost, ["vicuna-7b", "llama-3-8b-instruct"], True,

@@ -35,6 +35,12 @@ def test_every_method_on_cuda_equals_cpu_greedy(tmp_path):
 
 
 @cuda
+def test_every_method_samples_vanillas_tokens_on_cuda(tmp_path):
+    verdict = gpu_check.sampled(gpu_check.Check(tmp_path, 900, CUDA), "llama-3-8b-instruct")
+    assert verdict.startswith("ok"), verdict
+
+
+@cuda
 def test_compiled_steps_with_cuda_graphs(tmp_path):
     verdict = gpu_check.compiled(gpu_check.Check(tmp_path, 900, CUDA), "llama-3-8b-instruct")
     assert verdict.startswith("ok"), verdict
@@ -73,7 +79,9 @@ def test_gpu_check_dry_run(tmp_path):
     p = subprocess.run([sys.executable, "-c", blocker], cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted(f.name for f in tmp_path.iterdir())
-    assert files == ["attention.csv", "cost.csv", "gpu_check.log", "methods.csv"]
+    assert files == ["attention.csv", "cost.csv", "gpu_check.log", "methods.csv", "sampling.csv"]
     log = (tmp_path / "gpu_check.log").read_text()
     assert "FAILED" not in log and "4 cost curves (tiny shapes): ok" in log
-    assert {r["method"] for r in rows(tmp_path / "methods.csv")} >= {"eagle", "eagle2"}
+    assert {r["method"] for r in rows(tmp_path / "methods.csv")} >= {"eagle", "eagle2", "sam_tr"}
+    sampled = rows(tmp_path / "sampling.csv")
+    assert sampled and all(r["equal"] == "True" for r in sampled) and "2b sampling at T=1" in log

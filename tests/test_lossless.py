@@ -71,3 +71,26 @@ def test_method_is_lossless(reference, loaded, overrides):
     accepted = [a for c in got.values() for a in c["accept_lengths"]]
     if "method.head=random" not in overrides:  # a random head's drafts may all fail
         assert max(accepted) > 1, "no draft was ever accepted: the proposer is not drafting"
+
+
+# At temperature > 0 every method reproduces vanilla sampling with the same seed (methods.sampling).
+SAMPLED = ["sampling.temperature=1.0", "sampling.top_p=0.95", "sampling.seed=1"]
+
+
+@pytest.fixture(scope="module")
+def sampled_reference(loaded):
+    return answers(runner(loaded, "method=vanilla", *SAMPLED))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method=tr"], ["method=pld"], ["method=lookahead"], ["method=eagle2", "method.total_tokens=20"],
+    ["method=sam"], ["method=sam_tr", "method.merge=true"], ["method=sam_eagle2", "method.total_tokens=20"],
+], ids=lambda o: ",".join(o))
+@pytest.mark.slow
+def test_method_samples_exactly_vanillas_tokens(sampled_reference, reference, loaded, overrides):
+    r = runner(loaded, *overrides, *SAMPLED)
+    got = answers(r)
+    for qid, ref in sampled_reference.items():
+        assert got[qid]["token_ids"] == ref["token_ids"], f"question {qid}"
+    assert any(got[q]["token_ids"] != reference[q]["token_ids"] for q in got), "sampling gave the greedy tokens"
+    assert max(a for c in got.values() for a in c["accept_lengths"]) > 1, "no draft was ever accepted"

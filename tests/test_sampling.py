@@ -10,7 +10,7 @@ from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
-from methods.sampling import Sampler, Sampling, process, uniform
+from methods.sampling import Sampler, Sampling, key, process
 
 CPU = torch.device("cpu")
 ALPHA = 1e-3  # false-alarm rate of each distribution test: a correct sampler fails it with this probability
@@ -31,19 +31,25 @@ def test_processing_equals_transformers_warpers(temperature, top_k, top_p):
     assert torch.allclose(got, expected, atol=1e-6)
 
 
-def test_draws_are_keyed_by_position_and_follow_the_cdf():
-    assert uniform(1, 81, 0, 3) == uniform(1, 81, 0, 3)
-    assert len({uniform(1, 81, 0, p) for p in range(100)} | {uniform(2, 81, 0, 3), uniform(1, 82, 0, 3),
-                                                              uniform(1, 81, 1, 3)}) == 103
-    us = torch.tensor([uniform(0, 0, 0, p) for p in range(20000)])
-    assert abs(float(us.mean()) - 0.5) < 0.01 and float(us.min()) >= 0 and float(us.max()) < 1
+def test_draws_are_keyed_by_position_and_follow_the_distribution():
+    assert key(1, 81, 0, 3) == key(1, 81, 0, 3)
+    assert len({key(1, 81, 0, p) for p in range(100)} | {key(2, 81, 0, 3), key(1, 82, 0, 3), key(1, 81, 1, 3)}) == 103
     s = Sampler(Sampling(temperature=1.0, seed=3), question=5, turn=1)
+    assert torch.equal(s.noise(7, 3), Sampler(Sampling(temperature=0.5, seed=3), 5, 1).noise(7, 3))
+    assert not torch.equal(s.noise(7, 3), s.noise(8, 3))
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).repeat(4, 1)
     got = s.draw(logits, torch.tensor([0, 1, 2, 3]), 7, 3).tolist()
-    for i, token in enumerate(got):  # inverse CDF: the first token whose cumulative probability exceeds u
-        u = uniform(3, 5, 1, 7 + i)
-        assert token == (0 if u < 0.2 else 1 if u < 0.7 else 2)
+    for i, token in enumerate(got):  # Gumbel-max: the largest logit plus the position's noise
+        assert token == int((logits[0] + s.noise(7 + i, 3)).argmax())
     assert s.draw(logits[:2], torch.tensor([1, 1]), 7, 1).tolist() == [got[1]] * 2  # same position, same draw
+    # one draw per position over many positions: the frequencies are the distribution's (chi-square, 2 d.o.f.)
+    n = 6000
+    draws = s.draw(logits[:1].repeat(n, 1), torch.arange(n), 0, n - 1)
+    counts = torch.bincount(draws, minlength=3).double()
+    chi2 = float(((counts - n * torch.tensor([0.2, 0.5, 0.3])) ** 2 / (n * torch.tensor([0.2, 0.5, 0.3]))).sum())
+    assert chi2 < 13.8  # the 0.999 quantile of chi-square with 2 degrees of freedom
+    top_k = Sampler(Sampling(temperature=1.0, top_k=1, seed=3), 5, 1)
+    assert set(top_k.draw(logits[:1].repeat(50, 1), torch.arange(50), 0, 49).tolist()) == {1}  # filters apply
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -181,3 +187,133 @@ def test_the_distribution_check_catches_a_broken_verifier(tiny_model, exact, mon
     monkeypatch.setattr(Sampler, "draw", same_number_for_every_depth)
     assert chi_square_p(first_pairs(tiny_model, "vanilla"), exact) > ALPHA
     assert chi_square_p(first_pairs(tiny_model, "tr"), exact) < ALPHA
+
+
+# --- the equality checker and the reports at temperature > 0 -------------------------------------------------
+
+def test_a_sampled_divergence_is_a_near_tie_only_when_the_perturbed_logits_tie():
+    from evaluation.equal import NEAR_TIE, REAL, classify_draw
+
+    s = Sampler(Sampling(temperature=0.5, seed=4), question=7, turn=0)
+    g = s.noise(3, 4)
+    # logits chosen so that tokens 1 and 2 have equal perturbed logits (logits / T + noise), above tokens 0 and 3
+    logits = 0.5 * (torch.tensor([0.0, 10.0, 10.0, 0.0]) - g)
+    kind, why = classify_draw(logits, 1, 2, torch.float32, s, 3)
+    assert kind == NEAR_TIE and "perturbed logits" in why
+    logits[2] -= 0.01  # a hundredth below, far beyond float noise: a real mismatch
+    assert classify_draw(logits, 1, 2, torch.float32, s, 3)[0] == REAL
+    removed = Sampler(Sampling(temperature=0.5, top_k=1, seed=4), question=7, turn=0)
+    assert classify_draw(logits, 1, 2, torch.float32, removed, 3)[0] == REAL  # token 2 is filtered out
+
+
+def test_reports_pair_a_sampled_run_with_vanilla_sampling_of_its_settings(tmp_path):
+    import json
+
+    from evaluation import report as rp
+
+    def write(folder, method, seconds, sampling=None):
+        folder.mkdir(parents=True)
+        rec = {"question_id": 1, "category": "qa", "answer_id": "a", "model_id": "tiny", "tstamp": 0.0,
+               "choices": [{"index": 0, "turns": ["x"], "decoding_steps": [2], "new_tokens": [4],
+                            "wall_time": [seconds], "accept_lengths": [1, 3]}],
+               **({"sampling": sampling} if sampling else {})}  # as the runner writes a sampled record
+        (folder / "answers.jsonl").write_text(json.dumps(rec) + "\n")
+        config = {"method": {"name": method}, "bench": {"name": "tiny", "max_new_tokens": 4},
+                  **({"sampling": sampling} if sampling else {})}
+        (folder / "summary.json").write_text(json.dumps({"model": "tiny", "method": method, "config": config}))
+
+    hot = {"temperature": 0.7, "top_k": 0, "top_p": 1.0, "seed": 1}
+    write(tmp_path / "v0", "vanilla", 4.0)
+    write(tmp_path / "v7", "vanilla", 2.0, hot)
+    write(tmp_path / "tr0", "tr", 1.0)
+    write(tmp_path / "tr7", "tr", 1.0, hot)
+    t = rp.report([str(tmp_path)], tmp_path / "out", figures=False)["table"].set_index("method")
+    assert t.loc["tr", "speedup"] == pytest.approx(4.0)  # greedy against greedy vanilla
+    assert t.loc["tr (T=0.7 seed=1)", "speedup"] == pytest.approx(2.0)  # sampled against sampled vanilla
+    assert "vanilla (T=0.7 seed=1)" in t.index
+    from evaluation.speed import speed_table
+
+    s = speed_table([str(tmp_path / "tr7")], str(tmp_path / "v7")).set_index("task")
+    assert s.loc["overall", "sampling"] == "T=0.7 seed=1" and s.loc["overall", "speedup"] == pytest.approx(2.0)
+    assert "sampling" not in speed_table([str(tmp_path / "tr0")], str(tmp_path / "v0")).columns
+    with pytest.raises(HarnessError, match=r"tr7 decoded with sampling T=0.7 seed=1 but the baseline .*v0 with greedy"):
+        speed_table([str(tmp_path / "tr7")], str(tmp_path / "v0"))
+    (tmp_path / "v7" / "answers.jsonl").unlink()
+    (tmp_path / "v7" / "summary.json").unlink()
+    (tmp_path / "v7").rmdir()
+    with pytest.raises(HarnessError, match=r"no vanilla run of model tiny on engine hf sampling at T=0.7 seed=1 \(runs: tr .*same sampling"):
+        rp.report([str(tmp_path)], tmp_path / "out2", figures=False)
+
+
+@pytest.mark.slow
+def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded):
+    """A few hundred seeds on the real model: the first two tokens of a prompt under T=0.8, top-k 10, against the
+    exact distribution, for our sampler (vanilla and TR, which must agree token for token) and for generate."""
+    model, tok, spec = embedded
+    from evaluation.prompts import prompt_ids
+
+    settings = Sampling(temperature=0.8, top_k=10)
+    prompt = prompt_ids(spec, tok, ["Write a short poem about the sea."], [])
+    with torch.no_grad():
+        p1 = process(model(torch.tensor([prompt])).logits[0, -1:], settings)[0]
+        exact = {}
+        for t1 in torch.nonzero(p1)[:, 0].tolist():
+            p2 = process(model(torch.tensor([prompt + [t1]])).logits[0, -1:], settings)[0]
+            for t2 in torch.nonzero(p2)[:, 0].tolist():
+                exact[(t1, t2)] = float(p1[t1] * p2[t2])
+    engine, n = StaticEngine(model), 300
+    samples = {}
+    for method in ("vanilla", "tr"):
+        proposer = build_proposer(method, {}, vocab_size=model.config.vocab_size, device=CPU)
+        samples[method] = [tuple(generate(engine, proposer, prompt, max_new_tokens=2, stop_ids=set(),
+                                          sampler=Sampler(Sampling(temperature=0.8, top_k=10, seed=s), 0, 0)).token_ids)
+                           for s in range(n)]
+    assert samples["tr"] == samples["vanilla"]
+    assert chi_square_p(samples["vanilla"], exact) > ALPHA
+    theirs = []
+    for seed in range(n):
+        torch.manual_seed(seed)
+        out = model.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=2, temperature=0.8, top_k=10,
+                             top_p=1.0)
+        theirs.append(tuple(out[0, len(prompt):].tolist()))
+    assert chi_square_p(theirs, exact) > ALPHA
+
+
+@pytest.mark.slow
+def test_the_command_lines_sample_the_same_tokens_and_the_checker_says_equal(tmp_path):
+    """``evaluation.run method=tr sampling.temperature=1.0 sampling.seed=1`` and the same with vanilla:
+    ``evaluation.equal`` finds every turn identical, and a different seed is not."""
+    from tests.conftest import cli
+
+    common = ["bench.question_ids=[81,161]", "bench.max_new_tokens=16", "warmup=0", "runtime.progress=false",
+              "sampling.temperature=1.0"]
+    runs = {}
+    for name, extra in (("vanilla", ["sampling.seed=1"]), ("tr", ["sampling.seed=1"]),
+                        ("vanilla2", ["sampling.seed=2"])):
+        method = name.rstrip("2")
+        runs[name] = tmp_path / name
+        cli("evaluation.run", f"method={method}", *common, *extra, f"hydra.run.dir={runs[name]}")
+    same = cli("evaluation.equal", str(runs["vanilla"]), str(runs["tr"]))
+    assert "identical turns (tokens): 3/3" in same.stdout and "EQUAL" in same.stdout
+    other = cli("evaluation.equal", str(runs["vanilla"]), str(runs["vanilla2"]), "--no-explain", check=False)
+    assert other.returncode == 1 and "NOT EQUAL" in other.stdout
+    import json
+
+    rec = json.loads((runs["tr"] / "answers.jsonl").read_text().splitlines()[0])
+    assert rec["sampling"] == {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 1}
+
+
+@pytest.mark.slow
+def test_eagles_specinfer_rule_keeps_the_distribution_and_the_check_catches_a_missing_residual(tiny_model, exact,
+                                                                                            monkeypatch):
+    """verify=specinfer (children sampled from the head, recursive rejection sampling): the first tokens follow the
+    exact distribution though they are not vanilla's draws; without the residual after a rejection (p left as the
+    target's own) the bonus token over-represents the rejected drafts, and the test fails."""
+    import methods.sampling as sampling
+
+    params = {"head": "random", "verify": "specinfer", "seed": 3}
+    pairs = first_pairs(tiny_model, "eagle", params, warm=False)
+    assert chi_square_p(pairs, exact) > ALPHA
+    assert pairs != first_pairs(tiny_model, "vanilla", warm=False)  # another coupling: other samples
+    monkeypatch.setattr(sampling, "residual", lambda p, q: p)
+    assert chi_square_p(first_pairs(tiny_model, "eagle", params, warm=False), exact) < ALPHA
