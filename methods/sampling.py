@@ -10,13 +10,13 @@ the smallest set of most likely tokens whose probability reaches ``top_p`` (at l
 processed logit plus a Gumbel noise ``g_j[v] = -log(-log(u_j[v]))``, where ``u_j`` is one uniform number per
 vocabulary entry from a generator seeded by a hash of (seed, question, turn, j) (``Sampler.noise``), so it
 depends on nothing a method changes; the argmax of logits plus Gumbel noise is a draw from their softmax
-(Gumbel, 1954; the "Gumbel-max trick"). A speculative method verifies a draft node at depth d below a
+(the Gumbel-max trick; e.g. Maddison, Tarlow and Minka, "A* Sampling", NeurIPS 2014). A speculative method verifies a draft node at depth d below a
 root whose next token is the j-th by comparing the node's token with its parent's draw for position
 j + d - 1 (``Sampler.draw`` at every node, then the greedy acceptance rule with the draws in place of
 the argmax: ``methods.verify``). Every committed token is then the draw vanilla sampling makes at its
 position from the target's distribution given the same prefix, so **every method's tokens equal vanilla
 sampling's with the same seed** (in fp32, up to a near-tie: two perturbed logits within float noise of
-each other, as rare as a greedy near-tie; ``evaluation.equal`` says where). The output has exactly the
+each other, about as rare as a greedy near-tie; ``evaluation.equal`` says where). The output has exactly the
 target's distribution, and a draft x is accepted with probability p(x), a set of siblings with the sum
 of theirs: what the rule of EAGLE-2 and SAM-Decoding for deterministic drafts (accept with p(x), on
 rejection zero it and renormalise) achieves, with reproducibility on top.

@@ -112,17 +112,21 @@ PROMPT = [5, 17, 33, 2, 71, 9]
 N = 2000
 
 
-@pytest.fixture(scope="module")
-def exact(tiny_model):
-    """The exact probability of every pair of first two tokens under SETTINGS: {(t1, t2): p}."""
+def exact_pairs(model, prompt: list[int], settings: Sampling) -> dict:
+    """The exact probability of every pair of first two tokens after ``prompt``: {(t1, t2): p}."""
     with torch.no_grad():
-        p1 = process(tiny_model(torch.tensor([PROMPT])).logits[0, -1:], SETTINGS)[0]
+        p1 = process(model(torch.tensor([prompt])).logits[0, -1:], settings)[0]
         pairs = {}
         for t1 in torch.nonzero(p1)[:, 0].tolist():
-            p2 = process(tiny_model(torch.tensor([PROMPT + [t1]])).logits[0, -1:], SETTINGS)[0]
+            p2 = process(model(torch.tensor([prompt + [t1]])).logits[0, -1:], settings)[0]
             for t2 in torch.nonzero(p2)[:, 0].tolist():
                 pairs[(t1, t2)] = float(p1[t1] * p2[t2])
     return pairs
+
+
+@pytest.fixture(scope="module")
+def exact(tiny_model):
+    return exact_pairs(tiny_model, PROMPT, SETTINGS)
 
 
 def chi_square_p(samples: list[tuple[int, int]], exact: dict) -> float:
@@ -176,7 +180,7 @@ def test_first_tokens_follow_the_exact_distribution_as_generate_does(tiny_model,
 
 @pytest.mark.slow
 def test_the_distribution_check_catches_a_broken_verifier(tiny_model, exact, monkeypatch):
-    """Break the verifier as a plausible bug would (every node of a tree drawn with its root's number, not its own
+    """Break the verifier as a plausible bug would (every node of a tree drawn with its root's noise, not its own
     position's): vanilla is untouched, but TR's accepted drafts make the second token depend on the first's
     draw, and the test must fail."""
     real = Sampler.draw
@@ -254,13 +258,7 @@ def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded
 
     settings = Sampling(temperature=0.8, top_k=10)
     prompt = prompt_ids(spec, tok, ["Write a short poem about the sea."], [])
-    with torch.no_grad():
-        p1 = process(model(torch.tensor([prompt])).logits[0, -1:], settings)[0]
-        exact = {}
-        for t1 in torch.nonzero(p1)[:, 0].tolist():
-            p2 = process(model(torch.tensor([prompt + [t1]])).logits[0, -1:], settings)[0]
-            for t2 in torch.nonzero(p2)[:, 0].tolist():
-                exact[(t1, t2)] = float(p1[t1] * p2[t2])
+    exact = exact_pairs(model, prompt, settings)
     engine, n = StaticEngine(model), 300
     samples = {}
     for method in ("vanilla", "tr"):
