@@ -115,18 +115,19 @@ def tie_threshold(logits, dtype) -> float:
     return TIE_EPS.get(name, max(TIE_EPS.values())) * torch.finfo(dtype).eps * float(logits.float().abs().max())
 
 
-def classify(logits, a: int, b: int, dtype) -> tuple[str, str]:
+def classify(logits, a: int, b: int, dtype, threshold: float | None = None, what: str = "logits") -> tuple[str, str]:
     """(kind, evidence) for a divergence between tokens ``a`` and ``b`` where the reference model gives ``logits``
     [vocab] (teacher-forced on the common prefix, in the run's ``dtype``).
 
-    A near-tie: both tokens' logits are within the dtype's threshold of the best one, so another summation order
-    can make either the argmax. Usually they are the top two; but bf16 logits near 26 are 0.125 apart, and a
-    third token one step below a tied top two is as much a tie."""
+    A near-tie: both tokens' logits are within the dtype's threshold (``threshold``; default ``tie_threshold``) of
+    the best one, so another summation order can make either the argmax. Usually they are the top two; but bf16
+    logits near 26 are 0.125 apart, and a third token one step below a tied top two is as much a tie."""
     x = logits.float()
-    best, threshold = float(x.max()), tie_threshold(logits, dtype)
+    best = float(x.max())
+    threshold = tie_threshold(logits, dtype) if threshold is None else threshold
     rank = {t: int((x > x[t]).sum()) + 1 for t in (a, b)}
     gap = best - min(float(x[a]), float(x[b]))
-    evidence = (f"logits {float(x[a]):.4f} (token {a}, rank {rank[a]}) and {float(x[b]):.4f} (token {b}, rank "
+    evidence = (f"{what} {float(x[a]):.4f} (token {a}, rank {rank[a]}) and {float(x[b]):.4f} (token {b}, rank "
                 f"{rank[b]}), best {best:.4f}; the lower is {gap:.4g} below the best; near-tie threshold "
                 f"{threshold:.3g} in {str(dtype).removeprefix('torch.')}")
     return (NEAR_TIE if gap <= threshold else REAL), evidence
@@ -141,13 +142,10 @@ def classify_draw(logits, a: int, b: int, dtype, sampler, position: int) -> tupl
     import torch
 
     x = sampler.scores(logits[None], torch.zeros(1, dtype=torch.long, device=logits.device), position, 0)[0]
-    best, threshold = float(x.max()), tie_threshold(logits, dtype) / sampler.settings.temperature
-    gap = best - min(float(x[a]), float(x[b]))
-    evidence = (f"perturbed logits (processed logit + Gumbel noise) {float(x[a]):.4f} (token {a}) and "
-                f"{float(x[b]):.4f} (token {b}), best {best:.4f}; the lower is {gap:.4g} below the best; near-tie "
-                f"threshold {threshold:.3g} in {str(dtype).removeprefix('torch.')} at "
-                f"T={sampler.settings.temperature:g}")
-    return (NEAR_TIE if gap <= threshold else REAL), evidence
+    t = sampler.settings.temperature
+    kind, evidence = classify(x, a, b, dtype, tie_threshold(logits, dtype) / t,
+                              "perturbed logits (processed logit + Gumbel noise)")
+    return kind, f"{evidence} at T={t:g}"
 
 
 def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:

@@ -18,8 +18,8 @@ import pandas as pd
 
 from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
 from evaluation.metrics import task_table
+from evaluation.runs import sampling_label
 from methods.common import HarnessError, exit_on_error
-from methods.sampling import Sampling
 
 COLUMNS = {
     "questions": "questions", "mat": "MAT", "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
@@ -37,7 +37,7 @@ def label(records: list[dict], path: str) -> str:
 def sampling_of(records: list[dict], path: str) -> str:
     """``greedy`` or the settings (``T=0.7 seed=1``) the records sampled with (records from before sampling
     existed: greedy); HarnessError when one file mixes settings."""
-    found = {Sampling(**r["sampling"]).label() if r.get("sampling") else "greedy" for r in records}
+    found = {sampling_label(r.get("sampling")) or "greedy" for r in records}
     if len(found) > 1:
         raise HarnessError(f"{path} mixes answers of different sampling settings ({', '.join(sorted(found))}); "
                            f"keep one run's settings per answer file")

@@ -361,14 +361,14 @@ class Eagle(_Eagle):
         distribution (Gumbel top-k), whose rows go to the step's ``_q`` at ``rows``."""
         if gen is None:
             return logits.topk(self.width).indices
-        from methods.sampling import process
+        from methods.sampling import gumbel, process
 
         probs = process(logits, self.sampler.settings)  # [m, vocab]
         if self._q is None:
             self._q = torch.zeros(self.tree.size, probs.shape[-1], device=probs.device)
         self._q[rows] = probs
-        noise = torch.rand(probs.shape, generator=gen, device=probs.device).clamp_(min=1e-20)
-        return (probs.log() - (-noise.log()).log()).topk(self.width).indices
+        u = torch.rand(probs.shape, generator=gen, device=probs.device).clamp_(min=1e-20)
+        return (probs.log() + gumbel(u)).topk(self.width).indices
 
     def step_sizes(self) -> list[int]:
         return [self.tree.size]

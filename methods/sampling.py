@@ -10,14 +10,14 @@ the smallest set of most likely tokens whose probability reaches ``top_p`` (at l
 processed logit plus a Gumbel noise ``g_j[v] = -log(-log(u_j[v]))``, where ``u_j`` is one uniform number per
 vocabulary entry from a generator seeded by a hash of (seed, question, turn, j) (``Sampler.noise``), so it
 depends on nothing a method changes; the argmax of logits plus Gumbel noise is a draw from their softmax
-(the Gumbel-max trick; e.g. Maddison, Tarlow and Minka, "A* Sampling", NeurIPS 2014). A speculative method verifies a draft node at depth d below a
-root whose next token is the j-th by comparing the node's token with its parent's draw for position
-j + d - 1 (``Sampler.draw`` at every node, then the greedy acceptance rule with the draws in place of
+(the Gumbel-max trick; e.g. Maddison, Tarlow and Minka, "A* Sampling", NeurIPS 2014). A speculative
+method verifies a draft node at depth d below a root whose next token is the j-th by comparing the
+node's token with its parent's draw for position j + d - 1 (``Sampler.draw`` at every node, then the greedy acceptance rule with the draws in place of
 the argmax: ``methods.verify``). Every committed token is then the draw vanilla sampling makes at its
 position from the target's distribution given the same prefix, so **every method's tokens equal vanilla
 sampling's with the same seed** (in fp32, up to a near-tie: two perturbed logits within float noise of
-each other, about as rare as a greedy near-tie; ``evaluation.equal`` says where). The output has exactly the
-target's distribution, and a draft x is accepted with probability p(x), a set of siblings with the sum
+each other, about as rare as a greedy near-tie; ``evaluation.equal`` says where). The output has exactly
+the target's distribution, and a draft x is accepted with probability p(x), a set of siblings with the sum
 of theirs: what the rule of EAGLE-2 and SAM-Decoding for deterministic drafts (accept with p(x), on
 rejection zero it and renormalise) achieves, with reproducibility on top.
 
@@ -115,6 +115,11 @@ def key(*values: int) -> int:
     return x >> 1
 
 
+def gumbel(u: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise -log(-log(u)) of uniform numbers ``u`` (u = 0 gives -inf: that token is never drawn)."""
+    return -(-u.log()).log()
+
+
 class Sampler:
     """The draws of one turn: ``draw(logits, depth, start, max_depth)`` gives the token at every row's position."""
 
@@ -135,7 +140,7 @@ class Sampler:
         g = self._noise.get(position)
         if g is None or g.shape[0] != vocab:
             u = torch.rand(vocab, generator=self.generator(position, 0, torch.device("cpu")))
-            g = self._noise[position] = -(-u.log()).log()  # u = 0 gives -inf: never drawn
+            g = self._noise[position] = gumbel(u)
             if len(self._noise) > self.KEEP:
                 del self._noise[min(self._noise)]
         return g

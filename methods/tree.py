@@ -64,11 +64,15 @@ class Tree:
         """Node indices from the root to ``node``."""
         return list(self.paths[node])
 
+    def children(self) -> list[list[int]]:
+        """Every node's children, in index order."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents[1:], start=1):
+            kids[p].append(i)
+        return kids
+
     def children_counts(self) -> list[int]:
-        counts = [0] * self.size
-        for p in self.parents[1:]:
-            counts[p] += 1
-        return counts
+        return [len(c) for c in self.children()]
 
     def to(self, device: torch.device | str) -> "Tree":
         return _tree_on(self.parents, str(device))

@@ -13,6 +13,7 @@ from contextlib import nullcontext
 import torch
 
 from methods.base import Draft, Verification
+from methods.sampling import rejection
 from methods.tree import Tree
 
 
@@ -75,38 +76,23 @@ def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool 
     tree, past = draft.tree, engine.length
     with timer("forward"):
         logits, states = engine.forward(draft.tokens, tree, hidden=hidden)  # [n, vocab], [n, hidden]
-    if sampler is not None and draft.q is not None:  # drafts sampled from the drafter's q: the rejection rule
-        return _verify_by_rejection(engine, draft, logits, states, past, timer, topk, sampler, position)
     with timer("accept"):
-        if sampler is None:
-            argmax, top = greedy(logits, topk)  # [n], [n, topk]
-        else:  # the draws take the argmax's place; top-k for proposers that learn from it
-            argmax = sampler.draw(logits, tree.depth, position, tree.max_depth)
-            top = logits.topk(topk, dim=-1).indices if topk else None
-        best = accept(draft.tokens, argmax, tree, draft.acceptable)
-        # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
-        host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()
-        best, bonus, tokens = host[0], host[1], host[2:]
-        path = tree.path_to(best)
+        if sampler is not None and draft.q is not None:  # drafts sampled from the drafter's q: the rejection rule
+            tokens = draft.tokens.tolist()
+            path, bonus = rejection(tokens, tree.children(), logits, draft.q, sampler, position)
+            argmax, top = greedy(logits, topk)
+        else:
+            if sampler is None:
+                argmax, top = greedy(logits, topk)  # [n], [n, topk]
+            else:  # the draws take the argmax's place; top-k for proposers that learn from it
+                argmax = sampler.draw(logits, tree.depth, position, tree.max_depth)
+                top = logits.topk(topk, dim=-1).indices if topk else None
+            best = accept(draft.tokens, argmax, tree, draft.acceptable)
+            # The step's only host synchronisation: winner, bonus token and the drafted tokens together.
+            host = torch.cat([best.view(1), argmax[best].view(1), draft.tokens]).tolist()
+            best, bonus, tokens = host[0], host[1], host[2:]
+            path = tree.path_to(best)
     with timer("commit"):
         engine.commit(past, path)
     states = states[path] if hidden else None  # [len(path), hidden]
     return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax, top, states)
-
-
-def _verify_by_rejection(engine, draft: Draft, logits, states, past: int, timer, topk: int, sampler,
-                         position: int) -> Verification:
-    """``verify`` for a draft with the drafter's distributions (``Draft.q``): ``methods.sampling.rejection``."""
-    from methods.sampling import rejection
-
-    with timer("accept"):
-        tokens, tree = draft.tokens.tolist(), draft.tree
-        children: list[list[int]] = [[] for _ in tokens]
-        for i, parent in enumerate(tree.parents[1:], start=1):
-            children[parent].append(i)
-        path, bonus = rejection(tokens, children, logits, draft.q, sampler, position)
-        top = logits.topk(topk, dim=-1).indices if topk else None
-    with timer("commit"):
-        engine.commit(past, path)
-    hidden = states[path] if states is not None else None
-    return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, logits.argmax(dim=-1), top, hidden)
