@@ -128,19 +128,24 @@ class AnswerWriter:
 
 @contextmanager
 def _sigint_held():
-    """Block SIGINT in the block (the main thread only: signals are delivered there); a pending one is raised
-    as KeyboardInterrupt just after."""
+    """Hold SIGINT back in the block; one that came meanwhile is delivered just after, with the handler that was
+    in place (a KeyboardInterrupt, from a terminal). The handler is swapped rather than the signal blocked: a
+    blocked signal sent to the process is taken by any other thread that does not block it (tqdm's monitor, a
+    hub download), and Python then raises it in the main thread at once, inside the block."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    came: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, old)
+        if came:
+            signal.raise_signal(signal.SIGINT)
 
 
 ABSENT = type("Absent", (), {"__repr__": lambda self: "absent"})()  # a key one config does not have

@@ -279,9 +279,16 @@ def test_ctrl_c_keeps_the_answers_and_says_how_to_resume(tmp_path):
     assert [r["question_id"] for r in read_answers(out)] == QIDS
 
 
-def test_a_ctrl_c_while_a_line_is_written_lands_after_it_is_counted(tmp_path, monkeypatch):
+@pytest.mark.parametrize("other_thread", [False, True], ids=["alone", "beside-a-thread"])
+def test_a_ctrl_c_while_a_line_is_written_lands_after_it_is_counted(tmp_path, monkeypatch, other_thread):
     """The SIGINT arrives between the line reaching the disk and the answer being counted (the window where a
-    run used to say "no answer had finished" with one answer in the file): it must be raised only after both."""
+    run used to say "no answer had finished" with one answer in the file): it must be raised only after both,
+    also while another thread runs (tqdm's monitor: a signal blocked in the main thread only went to it)."""
+    import threading
+
+    stop = threading.Event()
+    if other_thread:
+        threading.Thread(target=stop.wait, daemon=True).start()
     writer = AnswerWriter(tmp_path / ANSWERS)
     real_fsync = os.fsync
 
@@ -299,6 +306,7 @@ def test_a_ctrl_c_while_a_line_is_written_lands_after_it_is_counted(tmp_path, mo
             time.sleep(1)  # only reached if the signal were lost
     finally:
         signal.signal(signal.SIGINT, previous)
+        stop.set()
     assert writer.done == {81} and [r["question_id"] for r in read_answers(tmp_path)] == [81]
 
 
