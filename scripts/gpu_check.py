@@ -53,10 +53,13 @@ from methods.decode import generate  # noqa: E402
 from methods.engine import HFEngine, StaticEngine, sdpa_backend, sdpa_choice  # noqa: E402
 from methods.ops import sync  # noqa: E402
 from methods.sampling import Sampler, Sampling  # noqa: E402
+from methods.suffix import save_corpus  # noqa: E402
 
+REST_STORE = ROOT / "data/cache/rest/gpu_check.npz"  # REST's datastore (rest_datastore)
 METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),
            ("eagle2", {"head": "random", "total_tokens": 30}), ("sam", {}), ("sam_tr", {"merge": True, "threshold": 2}),
-           ("sam_eagle2", {"head": "random", "total_tokens": 30})]
+           ("sam_eagle2", {"head": "random", "total_tokens": 30}), ("sps", {"drafter": "self:1", "topk": 2}),
+           ("medusa", {"head": "random"}), ("rest", {"datastore": str(REST_STORE)})]
 PROMPTS = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
 NEW_TOKENS = 48  # per prompt (--cpu: 16)
 PAPER_NODES = 81
@@ -150,6 +153,11 @@ def first_divergence(got: list[int], ref: list[int]) -> int | None:
                 None if len(got) == len(ref) else min(len(got), len(ref)))
 
 
+def rest_datastore() -> None:
+    """REST's datastore for the steps (``REST_STORE``): the prompts, so that its drafts are accepted at times."""
+    save_corpus(REST_STORE, PROMPTS, {"source": "scripts/gpu_check.py PROMPTS"})
+
+
 def references(arch: str, device) -> tuple:
     """A tiny random model of ``arch`` on ``device`` (fp32) and CPU greedy's tokens for every prompt."""
     cpu = random_model(arch, small=True)
@@ -160,6 +168,7 @@ def references(arch: str, device) -> tuple:
 
 def methods(check: Check, archs) -> str:
     dev, rows = check.device, []
+    rest_datastore()
     for arch in archs:
         model, refs = references(arch, dev)
         for dtype in (torch.float32, torch.float16):
@@ -200,6 +209,7 @@ def methods(check: Check, archs) -> str:
 def sampled(check: Check, arch: str) -> str:
     """Every method at temperature 1 on the device equals vanilla sampling there, token for token."""
     settings, dev, rows = Sampling(temperature=1.0, top_p=0.95, seed=1), check.device, []
+    rest_datastore()
     cpu_model = random_model(arch, small=True)
     model = random_model(arch, small=True, device=dev)
 

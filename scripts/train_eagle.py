@@ -75,12 +75,12 @@ def tokenized(spec, tok, prompts: list[str]) -> dict[str, list[int]]:
     return {p: prompt_ids(spec, tok, [p], []) for p in prompts}
 
 
-def build_data(model, tok, spec, args, device) -> list[dict]:
-    """The training records (``methods.eagle_train.features``) of the target's answers to our prompts and to
-    requests over its own passages, from the cache when it holds them."""
+def build_data(model, tok, spec, args, device, passages: bool = True) -> list[dict]:
+    """The training records (``methods.eagle_train.features``) of the target's answers to our prompts and, with
+    ``passages``, to requests over its own passages, from the cache when it holds them."""
     prompts = tokenized(spec, tok, (training_prompts() + more_prompts())[: args.limit])
     key = eagle_train.data_key(list(prompts.values()), max_new_tokens=args.max_new_tokens,
-                               passages=[PASSAGE_ASKS, PASSAGE_REQUESTS, PASSAGE_QUESTIONS])
+                               passages=[PASSAGE_ASKS, PASSAGE_REQUESTS, PASSAGE_QUESTIONS] if passages else None)
     cache = Path(args.data) if args.data else CACHE / "eagle" / args.model / f"data-{key}.pt"
     if cache.is_file():
         print(f"training data from {cache}")
@@ -90,10 +90,12 @@ def build_data(model, tok, spec, args, device) -> list[dict]:
     answer = dict(max_new=args.max_new_tokens, batch=args.batch, device=device, pad_id=pad,
                   eos_id=tok.eos_token_id, store=store)
     seqs, starts = eagle_train.respond(model, prompts, **answer)
-    texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
-    passages = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(PASSAGE_ASKS)]
-    more, more_starts = eagle_train.respond(model, tokenized(spec, tok, passage_prompts(passages)), **answer)
-    data = eagle_train.features(model, seqs + more, starts + more_starts, device)
+    if passages:
+        texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
+        asks = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(PASSAGE_ASKS)]
+        more, more_starts = eagle_train.respond(model, tokenized(spec, tok, passage_prompts(asks)), **answer)
+        seqs, starts = seqs + more, starts + more_starts
+    data = eagle_train.features(model, seqs, starts, device)
     save_torch_atomic(cache, data)
     return data
 

@@ -77,6 +77,30 @@ def save_eagle_head(folder: Path, target_config, fmt: str = "bin", bias: bool | 
     return state
 
 
+def save_medusa_heads(folder, config, heads: int = 5, layers: int = 1, drop=(), reshape=None, own=True) -> dict:
+    """Heads as FasterDecoding publishes them and Spec-Bench's model/medusa/medusa_model.py (fd2c1cd) reads
+    them: config.json (medusa_num_heads, medusa_num_layers, base_model_name_or_path) and medusa_lm_head.pt, the
+    state dict of ``nn.ModuleList([nn.Sequential(*[ResBlock] * layers, nn.Linear(h, vocab, bias=False))])``,
+    a ResBlock holding ``linear`` (h x h, with a bias)."""
+    h, v = config.hidden_size, config.vocab_size
+    state = {}
+    for i in range(heads):
+        for j in range(layers):
+            state[f"{i}.{j}.linear.weight"] = torch.randn(h, h) * 0.05
+            state[f"{i}.{j}.linear.bias"] = torch.randn(h) * 0.05
+        if own:
+            state[f"{i}.{layers}.weight"] = torch.randn(v, h)
+    for k in drop:
+        del state[k]
+    if reshape:
+        state[reshape] = torch.zeros(3, 3)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": layers,
+                                                    "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    torch.save(state, folder / "medusa_lm_head.pt")
+    return state
+
+
 def hub_snapshot(cache: Path, repo: str, commit: str = "0" * 40) -> Path:
     """The folder the hub cache at ``cache`` keeps ``repo``'s files in (huggingface_hub's layout:
     ``models--owner--name/snapshots/<commit>/`` and ``refs/main``); write the files into it."""

@@ -12,7 +12,7 @@ import torch
 from evaluation.models import ModelSpec, cpu_fallback, load_model
 from methods import hub
 from methods.common import ROOT, HarnessError
-from tests.checkpoints import hub_snapshot, save_eagle_head, save_model, sentencepiece_tokenizer
+from tests.checkpoints import hub_snapshot, save_eagle_head, save_medusa_heads, save_model, sentencepiece_tokenizer
 from tests.conftest import cli
 
 
@@ -121,4 +121,49 @@ def test_vicuna_with_its_published_eagle_head_runs_end_to_end(hub_cache, tmp_pat
     assert summary["prompt"]["template"] == "fastchat vicuna_v1.1" and "Spec-Bench" in summary["prompt"]["source"]
     assert "device_fallback" in summary and summary["method_state"]["head"] == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "eagle2"), check=False)
+    assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path):
+    """`evaluation.run model=vicuna-7b method=sps` drafts with the config's double7/vicuna-68m, a hub id like
+    the target's: missing, one clear line naming it; in the cache (a 2-layer Llama with the target's 32000-token
+    vocabulary, as a pytorch_model.bin, the layout that repository ships), tokens equal vanilla's."""
+    from tests.conftest import llama
+
+    save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
+    common = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
+              "runtime.progress=false"]
+    p = cli("evaluation.run", *common, "method=sps", f"hydra.run.dir={tmp_path / 'sps'}", check=False)
+    assert p.returncode == 2 and "download double7/vicuna-68m or set method.drafter=PATH" in p.stderr
+    assert not (tmp_path / "sps").exists()
+    torch.manual_seed(0)
+    llama(vocab_size=32000, num_hidden_layers=2).save_pretrained(hub_snapshot(hub_cache, "double7/vicuna-68m"),
+                                                                  safe_serialization=False)
+    for method in ("vanilla", "sps"):
+        p = cli("evaluation.run", *common, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
+        assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "sps" / "summary.json").read_text())
+    assert summary["method_state"]["drafter"] == "double7/vicuna-68m"
+    assert summary["method_state"]["drafter_layers"] == 2
+    p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "sps"), check=False)
+    assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_vicuna_with_its_published_medusa_heads_runs_end_to_end(hub_cache, tmp_path):
+    """`evaluation.run model=vicuna-7b method=medusa` reads FasterDecoding/medusa-vicuna-7b-v1.3 (5 heads with
+    their own lm_heads, medusa_lm_head.pt) from the hub cache; missing, one line naming it; tokens = vanilla's."""
+    model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
+    common = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
+              "runtime.progress=false"]
+    p = cli("evaluation.run", *common, "method=medusa", f"hydra.run.dir={tmp_path / 'medusa'}", check=False)
+    assert p.returncode == 2 and "download FasterDecoding/medusa-vicuna-7b-v1.3 or set method.head=PATH" in p.stderr
+    save_medusa_heads(hub_snapshot(hub_cache, "FasterDecoding/medusa-vicuna-7b-v1.3"), model.config)
+    for method in ("vanilla", "medusa"):
+        p = cli("evaluation.run", *common, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
+        assert p.returncode == 0, p.stderr
+    state = json.loads((tmp_path / "medusa" / "summary.json").read_text())["method_state"]
+    assert state["head"] == "FasterDecoding/medusa-vicuna-7b-v1.3" and state["heads"] == 5 and state["own_lm_heads"]
+    p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "medusa"), check=False)
     assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout

@@ -59,6 +59,11 @@ def test_sample_is_stratified():
     ["method=sam_tr", "method.tree=auto", "method.max_draft=auto"],       # sized for this device
     ["method=sam_eagle2", "method.total_tokens=20"],  # the shipped EAGLE head
     ["method=sam_eagle2", "method.total_tokens=20", "method.merge=true"],
+    ["method=sps"],                                  # the target's first 8 layers drafting, heuristic length
+    ["method=sps", "method.drafter=self:20", "method.topk=4", "method.schedule=constant"],
+    ["method=medusa"],                               # the shipped heads, Medusa's mc_sim_7b_63 tree
+    ["method=medusa", "method.head=random", "method.tree=paper"],
+    ["method=rest"],                                 # Spec-Bench's REST: spans 16..2, 64 drafts, the model's datastore
 ], ids=lambda o: ",".join(o))
 @pytest.mark.slow
 def test_method_is_lossless(reference, loaded, overrides):
@@ -85,6 +90,8 @@ def sampled_reference(loaded):
 @pytest.mark.parametrize("overrides", [
     ["method=tr"], ["method=pld"], ["method=lookahead"], ["method=eagle2", "method.total_tokens=20"],
     ["method=sam"], ["method=sam_tr", "method.merge=true"], ["method=sam_eagle2", "method.total_tokens=20"],
+    ["method=sps", "method.drafter=self:20"], ["method=medusa"],
+    ["method=rest"],
 ], ids=lambda o: ",".join(o))
 @pytest.mark.slow
 def test_method_samples_exactly_vanillas_tokens(sampled_reference, reference, loaded, overrides):

@@ -67,7 +67,8 @@ def test_bad_settings_are_one_clear_error(bad, message):
 
 METHODS = [("tr", {}), ("tr", {"tree": "grown-n30-d6", "start": "cold"}), ("pld", {}), ("lookahead", {}),
            ("eagle", {"head": "random"}), ("eagle2", {"head": "random", "total_tokens": 12}), ("sam", {}),
-           ("sam_tr", {"merge": True, "threshold": 2}), ("sam_eagle2", {"head": "random", "total_tokens": 12})]
+           ("sam_tr", {"merge": True, "threshold": 2}), ("sam_eagle2", {"head": "random", "total_tokens": 12}),
+           ("sps", {"drafter": "self:1"}), ("sps", {"drafter": "self:2", "topk": 3}), ("medusa", {"head": "random"})]
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]
 
 
@@ -90,7 +91,7 @@ def test_every_method_samples_exactly_vanillas_tokens(tiny_model, method, params
     reference = decode_all(tiny_model, "vanilla", {}, settings)
     got = decode_all(tiny_model, method, params, settings)
     assert [t for t, _ in got] == [t for t, _ in reference]
-    assert max(a for _, accepts in got for a in accepts) > 1 or method.startswith("eagle"), "nothing accepted"
+    assert max(a for _, accepts in got for a in accepts) > 1 or params.get("head") == "random", "nothing accepted"
 
 
 def test_seeds_and_turns_give_different_samples_and_greedy_is_unchanged(tiny_model):
