@@ -117,19 +117,10 @@ def expected_shapes(config: LlamaConfig, bias: bool = True) -> dict[str, tuple[i
     }
 
 
-def _find(head: str) -> Path:
-    where = hub.locate(head, "method.head")
-    if isinstance(where, str):
-        return hub.download(where, "method.head", ["config.json", "*.bin", "*.safetensors"])
-    if not where.is_dir():
-        raise HarnessError(f"method.head={head} is a file; give the folder holding its {CONFIG_FILE} and "
-                          f"{BIN_FILE} or {SAFETENSORS_FILE}")
-    return where
-
-
 def load_head(head: str, target_config) -> EagleHead:
     """Read a head in the published layout and check it against the target; a mismatch names key and shapes."""
-    folder = _find(head)
+    folder = hub.folder(head, "method.head", [CONFIG_FILE, "*.bin", "*.safetensors"],
+                        f"{CONFIG_FILE} and {BIN_FILE} or {SAFETENSORS_FILE}")
     config_file = folder / CONFIG_FILE
     if not config_file.is_file():
         raise HarnessError(f"EAGLE head {folder} has no {CONFIG_FILE}")
@@ -258,7 +249,7 @@ class _Eagle(Proposer):
         """Run the lm_head as the static engine runs its own: where engine.pack=auto measured plain weights
         faster on this machine (or engine.pack=false, or engine.compile), the drafts' lm_head is not packed either."""
         if getattr(preparation.engine, "pack", None) is False:
-            self.lm_head.use_packed, self.lm_head.packed = False, None
+            self.lm_head.unpack()
 
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
         self.cache = kv.new_cache(self.head)

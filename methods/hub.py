@@ -79,3 +79,15 @@ def download(repo: str, setting: str, patterns: list[str]) -> Path:
         raise gated(repo, setting) from None
     except Exception:  # offline and not cached, no such repository, a broken connection, ...
         raise not_cached(repo, setting) from None
+
+
+def folder(ref: str, setting: str, patterns: list[str], holds: str) -> Path:
+    """The local folder ``ref`` names (``locate``): on disk, or the hub's snapshot of the files matching
+    ``patterns`` (fetched if the hub is reachable); a file instead of a folder is refused, saying what the folder
+    must hold (``holds``)."""
+    where = locate(ref, setting)
+    if isinstance(where, str):
+        return download(where, setting, patterns)
+    if not where.is_dir():
+        raise HarnessError(f"{setting}={ref} is a file; give the folder holding its {holds}")
+    return where

@@ -80,19 +80,9 @@ def expected_shapes(hidden: int, heads: int, layers: int, vocab: int | None) -> 
     return shapes
 
 
-def _find(head: str) -> Path:
-    where = hub.locate(head, "method.head")
-    if isinstance(where, str):
-        return hub.download(where, "method.head", [CONFIG_FILE, WEIGHTS_FILE])
-    if not where.is_dir():
-        raise HarnessError(f"method.head={head} is a file; give the folder holding its {CONFIG_FILE} and "
-                          f"{WEIGHTS_FILE}")
-    return where
-
-
 def load_heads(head: str, target_config) -> MedusaHeads:
     """Medusa heads in the published layout, checked against the target; a mismatch names the key and shapes."""
-    folder = _find(head)
+    folder = hub.folder(head, "method.head", [CONFIG_FILE, WEIGHTS_FILE], f"{CONFIG_FILE} and {WEIGHTS_FILE}")
     for f in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / f).is_file():
             raise HarnessError(f"Medusa head {folder} has no {f}: not a checkpoint in Medusa's layout")
@@ -188,7 +178,7 @@ class Medusa(Proposer):
     def prepare(self, preparation: Preparation) -> None:
         """The lm_head as the target's engine runs its own (packed only where engine.pack chose it)."""
         if getattr(preparation.engine, "pack", None) is False:
-            self.lm_head.use_packed, self.lm_head.packed = False, None
+            self.lm_head.unpack()
 
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
         self.feature = prompt_hidden[-1]

@@ -41,6 +41,10 @@ class Linear:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach()) if pack else None
         self.use_packed = pack
 
+    def unpack(self) -> None:
+        """Plain weights from now on (the packed copy dropped)."""
+        self.use_packed, self.packed = False, None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.use_packed:
             return F.linear(x, self.weight, self.bias)

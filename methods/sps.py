@@ -82,10 +82,7 @@ def load_drafter(ref: str, target):
         return first_layers(target, int(match.group(1)))
     from transformers import AutoModelForCausalLM
 
-    where = hub.locate(ref, "method.drafter")
-    if isinstance(where, str):
-        where = hub.download(where, "method.drafter", ["config.json", "generation_config.json", "*.safetensors",
-                                                       "*.bin", "*.json"])
+    where = hub.folder(ref, "method.drafter", ["*.json", "*.safetensors", "*.bin"], "config.json and weights")
     if not (where / "config.json").is_file():
         raise HarnessError(f"method.drafter={ref}: {where} has no config.json; give a causal LM's folder or hub "
                           f"id, or self:L (the target's first L layers)")
