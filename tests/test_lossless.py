@@ -59,10 +59,8 @@ def test_sample_is_stratified():
     ["method=sam_tr", "method.tree=auto", "method.max_draft=auto"],       # sized for this device
     ["method=sam_eagle2", "method.total_tokens=20"],  # the shipped EAGLE head
     ["method=sam_eagle2", "method.total_tokens=20", "method.merge=true"],
-    ["method=sps"],                                  # the target's first 8 layers drafting, heuristic length
-    ["method=sps", "method.drafter=self:20", "method.topk=4", "method.schedule=constant"],
+    ["method=sps", "method.drafter=self:20", "method.topk=4", "method.schedule=constant"],  # 20 of 30 layers
     ["method=medusa"],                               # the shipped heads, Medusa's mc_sim_7b_63 tree
-    ["method=medusa", "method.head=random", "method.tree=paper"],
     ["method=rest"],                                 # Spec-Bench's REST: spans 16..2, 64 drafts, the model's datastore
 ], ids=lambda o: ",".join(o))
 @pytest.mark.slow
