@@ -69,6 +69,22 @@ def atomic(path: Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def folder_replaced(folder: Path) -> Iterator[Path]:
+    """Yield a new, empty folder beside ``folder`` to fill; on success it takes ``folder``'s place whole, so that a
+    reader (or a killed writer) finds the old folder or the new one, never a mix; on failure it is removed. A
+    folder cannot be renamed over a non-empty one: the old one steps aside first and is removed after."""
+    folder = Path(folder).absolute()
+    aside = folder.with_name(f"{folder.name}.{os.getpid()}.old")
+    shutil.rmtree(aside, ignore_errors=True)  # left by a process of this id killed between the two renames
+    with atomic(folder) as tmp:
+        tmp.mkdir()
+        yield tmp
+        if folder.is_dir():
+            os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     with atomic(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

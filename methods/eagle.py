@@ -33,7 +33,6 @@ rotary frequencies in fp32 (``fp32_rotary``).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -45,7 +44,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from methods import hub, kv
 from methods.base import Draft, Preparation, Proposer, Verification, register
-from methods.common import HarnessError, atomic, write_json_atomic
+from methods.common import HarnessError, folder_replaced, write_json_atomic
 from methods.ops import Linear, can_pack, fp32_rotary
 from methods.params import param
 from methods.tree import Tree, additive_mask, load_template
@@ -181,10 +180,7 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.fl
               "num_hidden_layers": 1, **shapes, ROPE_KEYS[0]: c.rope_parameters,
               **({} if bias else {BIAS_KEY: False}), "torch_dtype": str(dtype).removeprefix("torch.")}
     written = {CONFIG_FILE, SAFETENSORS_FILE, *(extra_json or {})}
-    aside = folder.with_name(f"{folder.name}.{os.getpid()}.old")
-    shutil.rmtree(aside, ignore_errors=True)  # left by a process of this id killed between the two renames
-    with atomic(folder) as tmp:
-        tmp.mkdir()
+    with folder_replaced(folder) as tmp:
         if folder.is_dir():
             for entry in folder.iterdir():
                 if entry.name not in written:
@@ -196,9 +192,6 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.fl
         write_json_atomic(tmp / CONFIG_FILE, config)
         for name, obj in (extra_json or {}).items():
             write_json_atomic(tmp / name, obj)
-        if folder.is_dir():  # a folder cannot be renamed over a non-empty one: the old head steps aside first
-            os.replace(folder, aside)
-    shutil.rmtree(aside, ignore_errors=True)
     return folder
 
 

@@ -20,8 +20,6 @@ so, ResBlocks only. ``random``: lossless, only slow.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +30,7 @@ from torch.nn import functional as F
 
 from methods import hub
 from methods.base import Draft, Preparation, Proposer, Verification, register
-from methods.common import HarnessError, atomic, write_json_atomic
+from methods.common import HarnessError, folder_replaced, write_json_atomic
 from methods.ops import Linear, can_pack
 from methods.params import param
 from methods.tree import load_template
@@ -115,17 +113,12 @@ def save_heads(heads: MedusaHeads, folder: str | Path, extra_json: dict[str, obj
     whole beside its place and renamed into it."""
     folder = Path(folder).absolute()
     state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in heads.heads.state_dict().items()}
-    aside = folder.with_name(f"{folder.name}.{os.getpid()}.old")
-    with atomic(folder) as tmp:
-        tmp.mkdir()
+    with folder_replaced(folder) as tmp:
         torch.save(state, tmp / WEIGHTS_FILE)
         write_json_atomic(tmp / CONFIG_FILE, {"medusa_num_heads": len(heads.heads), "medusa_num_layers":
                                               heads.layers, "base_model_name_or_path": base})
         for name, obj in (extra_json or {}).items():
             write_json_atomic(tmp / name, obj)
-        if folder.is_dir():  # a folder cannot be renamed over a non-empty one: the old heads step aside first
-            os.replace(folder, aside)
-    shutil.rmtree(aside, ignore_errors=True)
     return folder
 
 

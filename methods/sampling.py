@@ -12,8 +12,8 @@ vocabulary entry from a generator seeded by a hash of (seed, question, turn, j) 
 depends on nothing a method changes; the argmax of logits plus Gumbel noise is a draw from their softmax
 (the Gumbel-max trick; e.g. Maddison, Tarlow and Minka, "A* Sampling", NeurIPS 2014). A speculative
 method verifies a draft node at depth d below a root whose next token is the j-th by comparing the
-node's token with its parent's draw for position j + d - 1 (``Sampler.draw`` at every node, then the greedy acceptance rule with the draws in place of
-the argmax: ``methods.verify``). Every committed token is then the draw vanilla sampling makes at its
+node's token with its parent's draw for position j + d - 1 (``Sampler.draw`` at every node, then the
+greedy acceptance rule with the draws in place of the argmax: ``methods.verify``). Every committed token is then the draw vanilla sampling makes at its
 position from the target's distribution given the same prefix, so **every method's tokens equal vanilla
 sampling's with the same seed** (in fp32, up to a near-tie: two perturbed logits within float noise of
 each other, about as rare as a greedy near-tie; ``evaluation.equal`` says where). The output has exactly

@@ -103,25 +103,37 @@ def test_offline_first_run_fails_only_for_the_missing_download(model, repo, hub_
     assert not (tmp_path / "run").exists()
 
 
+VICUNA_RUN = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
+              "runtime.progress=false"]
+
+
+def vicuna_run(tmp_path, method: str):
+    """``evaluation.run`` of the Vicuna config with ``method`` on one question, into ``tmp_path / method``."""
+    return cli("evaluation.run", *VICUNA_RUN, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
+
+
+def runs_equal_to_vanilla(tmp_path, method: str):
+    """Vanilla and ``method`` both run and ``evaluation.equal`` says EQUAL: (the method's run, its summary)."""
+    for m in ("vanilla", method):
+        p = vicuna_run(tmp_path, m)
+        assert p.returncode == 0, p.stderr
+    equal = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / method), check=False)
+    assert equal.returncode == 0 and "EQUAL" in equal.stdout, equal.stdout
+    return p, json.loads((tmp_path / method / "summary.json").read_text())
+
+
 @pytest.mark.slow
 def test_vicuna_with_its_published_eagle_head_runs_end_to_end(hub_cache, tmp_path):
     """`evaluation.run model=vicuna-7b method=eagle2` as a user with the hub cache filled runs it: the model and
     the head resolve as hub ids, the Vicuna prompt and the device fall-back are recorded, tokens equal vanilla's."""
     model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    common = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
-              "runtime.progress=false"]
-    p = cli("evaluation.run", *common, "method=eagle2", f"hydra.run.dir={tmp_path / 'eagle2'}", check=False)
+    p = vicuna_run(tmp_path, "eagle2")
     assert p.returncode == 2 and "download yuhuili/EAGLE-Vicuna-7B-v1.3 or set method.head=PATH" in p.stderr
     save_eagle_head(hub_snapshot(hub_cache, "yuhuili/EAGLE-Vicuna-7B-v1.3"), model.config)
-    for method in ("vanilla", "eagle2"):
-        p = cli("evaluation.run", *common, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
-        assert p.returncode == 0, p.stderr
+    p, summary = runs_equal_to_vanilla(tmp_path, "eagle2")
     assert "WARNING: model vicuna-7b is meant for a GPU" in p.stderr
-    summary = json.loads((tmp_path / "eagle2" / "summary.json").read_text())
     assert summary["prompt"]["template"] == "fastchat vicuna_v1.1" and "Spec-Bench" in summary["prompt"]["source"]
     assert "device_fallback" in summary and summary["method_state"]["head"] == "yuhuili/EAGLE-Vicuna-7B-v1.3"
-    p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "eagle2"), check=False)
-    assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout
 
 
 @pytest.mark.slow
@@ -132,22 +144,15 @@ def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path
     from tests.conftest import llama
 
     save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    common = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
-              "runtime.progress=false"]
-    p = cli("evaluation.run", *common, "method=sps", f"hydra.run.dir={tmp_path / 'sps'}", check=False)
+    p = vicuna_run(tmp_path, "sps")
     assert p.returncode == 2 and "download double7/vicuna-68m or set method.drafter=PATH" in p.stderr
     assert not (tmp_path / "sps").exists()
     torch.manual_seed(0)
     llama(vocab_size=32000, num_hidden_layers=2).save_pretrained(hub_snapshot(hub_cache, "double7/vicuna-68m"),
                                                                   safe_serialization=False)
-    for method in ("vanilla", "sps"):
-        p = cli("evaluation.run", *common, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
-        assert p.returncode == 0, p.stderr
-    summary = json.loads((tmp_path / "sps" / "summary.json").read_text())
+    _, summary = runs_equal_to_vanilla(tmp_path, "sps")
     assert summary["method_state"]["drafter"] == "double7/vicuna-68m"
     assert summary["method_state"]["drafter_layers"] == 2
-    p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "sps"), check=False)
-    assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout
 
 
 @pytest.mark.slow
@@ -155,15 +160,9 @@ def test_vicuna_with_its_published_medusa_heads_runs_end_to_end(hub_cache, tmp_p
     """`evaluation.run model=vicuna-7b method=medusa` reads FasterDecoding/medusa-vicuna-7b-v1.3 (5 heads with
     their own lm_heads, medusa_lm_head.pt) from the hub cache; missing, one line naming it; tokens = vanilla's."""
     model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    common = ["model=vicuna-7b", "bench.question_ids=[81]", "bench.max_new_tokens=12", "warmup=0",
-              "runtime.progress=false"]
-    p = cli("evaluation.run", *common, "method=medusa", f"hydra.run.dir={tmp_path / 'medusa'}", check=False)
+    p = vicuna_run(tmp_path, "medusa")
     assert p.returncode == 2 and "download FasterDecoding/medusa-vicuna-7b-v1.3 or set method.head=PATH" in p.stderr
     save_medusa_heads(hub_snapshot(hub_cache, "FasterDecoding/medusa-vicuna-7b-v1.3"), model.config)
-    for method in ("vanilla", "medusa"):
-        p = cli("evaluation.run", *common, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
-        assert p.returncode == 0, p.stderr
-    state = json.loads((tmp_path / "medusa" / "summary.json").read_text())["method_state"]
+    _, summary = runs_equal_to_vanilla(tmp_path, "medusa")
+    state = summary["method_state"]
     assert state["head"] == "FasterDecoding/medusa-vicuna-7b-v1.3" and state["heads"] == 5 and state["own_lm_heads"]
-    p = cli("evaluation.equal", str(tmp_path / "vanilla"), str(tmp_path / "medusa"), check=False)
-    assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout

@@ -48,7 +48,8 @@ def test_methods_is_a_strict_stack():
 
 def test_no_method_is_named_outside_its_module():
     """The runner, the reports and the checks take methods from the registry: none imports a method's module."""
-    method_modules = {f"methods.{m}" for m in ("vanilla", "tr", "pld", "lookahead", "eagle", "sam", "medusa", "rest", "sps")}
+    method_modules = {f"methods.{m}" for m in ("vanilla", "tr", "pld", "lookahead", "eagle", "sam", "medusa", "rest",
+                                               "sps")}
     assert set(known_methods()) >= {"vanilla", "tr", "pld", "lookahead", "eagle", "eagle2", "sam", "sam_tr",
                                     "sam_eagle2"}
     for path in (ROOT / "evaluation").glob("*.py"):
