@@ -34,7 +34,9 @@ class ModelSpec:
     attn_implementation: str = "sdpa"
     max_context: int | None = None  # default: config.max_position_embeddings
     eagle_head: str | None = None
+    eagle3_head: str | None = None  # EAGLE-3's head (methods.eagle3): a folder or hub id
     medusa_head: str | None = None  # Medusa's heads (methods.medusa): a folder or hub id
+    hydra_head: str | None = None  # Hydra's heads (methods.hydra): a folder or hub id
     sam_corpus: str | None = None  # the static corpus of SAM-Decoding's methods (methods.sam): a token file
     sps_drafter: str | None = None  # SpS's draft model (methods.sps): a folder, a hub id, or self:L
     rest_datastore: str | None = None  # REST's datastore (methods.rest): a token corpus file

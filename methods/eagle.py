@@ -207,6 +207,7 @@ class _Eagle(Proposer):
 
     wants_hidden = True
     needs_target = True
+    uses_target_lm_head = True
 
     @dataclass
     class Params:
@@ -221,7 +222,9 @@ class _Eagle(Proposer):
         self.head.requires_grad_(False)
         self.embed = target.get_input_embeddings()  # shared with the target, as in EAGLE
         dtype = next(target.parameters()).dtype
-        self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype))  # oneDNN-packed on a CPU
+        # the target's lm_head turns predicted features into logits (oneDNN-packed on a CPU); EAGLE-3 has its own
+        self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype)) if self.uses_target_lm_head \
+            else None
         self.width, self.head_name = width, head_name  # width: candidates per node (EAGLE's top-k)
         self.cache = None
         self.pending: torch.Tensor | None = None  # [m, h] target features not yet fed to the head
@@ -241,8 +244,12 @@ class _Eagle(Proposer):
     def prepare(self, preparation: Preparation) -> None:
         """Run the lm_head as the static engine runs its own: where engine.pack=auto measured plain weights
         faster on this machine (or engine.pack=false, or engine.compile), the drafts' lm_head is not packed either."""
-        if getattr(preparation.engine, "pack", None) is False:
+        if getattr(preparation.engine, "pack", None) is False and self.lm_head is not None:
             self.lm_head.unpack()
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Next-token logits over the target's vocabulary at the head's predicted features."""
+        return self.lm_head(features)
 
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
         self.cache = kv.new_cache(self.head)
@@ -328,13 +335,13 @@ class Eagle(_Eagle):
         self._q = None  # [n, vocab] with gen: the distributions the children were sampled from
         tokens = torch.empty(tree.size, dtype=torch.long, device=self.device)
         tokens[0] = context[-1]
-        tokens[self.first] = self._children(self.lm_head(root)[None], gen, [0])[0, rank[self.first]]
+        tokens[self.first] = self._children(self._logits(root)[None], gen, [0])[0, rank[self.first]]
         features = root.expand(tree.size, -1).clone()  # [n, h] predicted feature after each node
         for d, fwd, allowed, kids, parent_row in self.levels:
             parent_features = features[tree.parent_index[fwd]]
             out = self._head(tokens[fwd], parent_features, torch.full_like(fwd, past - 1 + d), past, allowed)
             features[fwd] = out
-            top = self._children(self.lm_head(out), gen, fwd)  # [len(fwd), width]
+            top = self._children(self._logits(out), gen, fwd)  # [len(fwd), width]
             tokens[kids] = top[parent_row, rank[kids]]
         kv.truncate(self.cache, past)
         return Draft(tokens, tree, q=self._q)
@@ -383,7 +390,7 @@ class Eagle2(_Eagle):
         root, past = self._catch_up(context)
         # Candidates, host-side: token, parent (candidate index; 0 = root), cumulative log-probability, depth.
         tok, par, score, dep = [int(context[-1])], [-1], [0.0], [0]
-        logp, top = torch.log_softmax(self.lm_head(root).float(), dim=-1).topk(self.width)
+        logp, top = torch.log_softmax(self._logits(root).float(), dim=-1).topk(self.width)
         front = list(range(1, self.width + 1))
         tok += top.tolist(); par += [0] * self.width; score += logp.tolist(); dep += [1] * self.width
         front_features = root.expand(self.width, -1)
@@ -401,7 +408,7 @@ class Eagle2(_Eagle):
             positions = torch.full((len(front),), past - 1 + d, device=self.device)
             out = self._head(torch.tensor([tok[c] for c in front], device=self.device), front_features, positions,
                              past, allowed.to(self.device))
-            logp, top = torch.log_softmax(self.lm_head(out).float(), dim=-1).topk(self.width)  # [f, width]
+            logp, top = torch.log_softmax(self._logits(out).float(), dim=-1).topk(self.width)  # [f, width]
             cum = torch.tensor([score[c] for c in front], device=self.device)[:, None] + logp
             base = len(tok)
             tok += top.flatten().tolist()

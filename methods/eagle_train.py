@@ -74,14 +74,17 @@ def respond(model, prompts: dict[str, list[int]], max_new: int, batch: int, devi
 
 
 @torch.no_grad()
-def features(model, seqs: list[list[int]], starts: list[int], device) -> list[dict]:
+def features(model, seqs: list[list[int]], starts: list[int], device, layers: tuple[int, ...] = ()) -> list[dict]:
     """One training record per sequence: token ids, the target's last hidden states (fp16), its greedy next
-    token everywhere, and ``start``, where the response begins (the loss covers the response only)."""
+    token everywhere, and ``start``, where the response begins (the loss covers the response only); with
+    ``layers``, ``taps`` too: the inputs of those decoder layers side by side (fp16; EAGLE-3's features)."""
     data = []
     for s, start in zip(tqdm(seqs, desc="features", unit="seq"), starts):
         out = model(torch.tensor([s], device=device), output_hidden_states=True)
         data.append({"ids": torch.tensor(s), "feats": out.hidden_states[-1][0].half().cpu(),
                      "greedy": out.logits[0].argmax(-1).cpu(), "start": start})
+        if layers:
+            data[-1]["taps"] = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1).half().cpu()
     return data
 
 
@@ -96,15 +99,17 @@ def causal(n: int, dtype) -> torch.Tensor:
     return additive_mask(torch.ones(n, n, dtype=torch.bool).tril(), 0, dtype)
 
 
-def head_pass(head: EagleHead, embed, d: dict, noise: float = 0.0, unroll: int = 1) -> list[torch.Tensor]:
+def head_pass(head: EagleHead, embed, d: dict, noise: float = 0.0, unroll: int = 1,
+              key: str = "feats") -> list[torch.Tensor]:
     """Predicted features ``outs[s-1][i]`` for f_{i+s} (the target's feature at position i+s) for every depth
-    ``s`` = 1..``unroll``; ``outs[0]`` is teacher-forced from (f_j, x_{j+1}) at positions 0..T-2.
+    ``s`` = 1..``unroll``; ``outs[0]`` is teacher-forced from (f_j, x_{j+1}) at positions 0..T-2 (``f`` the
+    record's ``key``: EAGLE-3's head reads ``taps`` and returns its own outputs, which deeper depths read).
 
     Depth ``s`` > 1 runs as drafting does: at position ``p`` it reads depth ``s-1``'s prediction made at
     ``p-1`` with the true token x_{p+1}, and attends to the teacher-forced entries up to ``p-s+1``, to its
     ancestors' entries at positions ``p-s+2 .. p-1`` (one per earlier depth) and to itself: the query of a
     draft at depth ``s`` in the head's tree attention, for all positions in one forward each."""
-    feats = d["feats"].float()[:-1]
+    feats = d[key].float()[:-1]
     if noise:
         feats = feats + (torch.rand_like(feats) * 2 - 1) * noise * feats.pow(2).mean(-1, keepdim=True).sqrt()
     n = len(feats)

@@ -81,7 +81,9 @@ class Engine:
     def forward(self, tokens: torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
                 hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [n, vocab] (``last_only``: [1, vocab]) of ``tokens`` [n] placed after the committed
-        prefix, and with ``hidden`` the last hidden states [n, hidden] (what the lm_head reads).
+        prefix, and with ``hidden`` the last hidden states [n, hidden] (what the lm_head reads); with ``hidden``
+        a tuple of layer indices, the inputs of those decoder layers side by side [n, len(hidden) * hidden]
+        (transformers' ``hidden_states[i]``: EAGLE-3's features).
 
         ``tree=None`` or a chain: causal attention. A tree: node i at position ``length + depth[i]``,
         seeing the prefix and its ancestors. The n entries are appended (``length`` grows by n);
@@ -152,7 +154,9 @@ class HFEngine(Engine):
             kwargs = dict(position_ids=(tree.depth + self.length).view(1, -1),
                           attention_mask=tree_mask(tree, self.length, self.dtype))
         out = self.model(input_ids=tokens.view(1, -1), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1 if last_only else 0, output_hidden_states=hidden, **kwargs)
+                         logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **kwargs)
+        if isinstance(hidden, tuple):
+            return out.logits[0], torch.cat([out.hidden_states[i][0] for i in hidden], dim=-1)
         return out.logits[0], (out.hidden_states[-1][0] if hidden else None)
 
     def commit(self, start: int, path: list[int]) -> None:
@@ -356,21 +360,28 @@ class StaticEngine(Engine):
         cos, sin = self._rope[0][positions], self._rope[1][positions]
         slots = torch.arange(past, past + size, device=self.device)
         x = self.embed(tokens)
-        if step:  # one graph per size
+        taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
+        if step and taps is None:  # one graph per size (steps that tap inner layers run eagerly)
             for t, dim in ((mask, 1), (cache.keys, 2), (cache.values, 2)):  # any span, any cache capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
             x = self._compiled(x, cos, sin, mask, slots, cache.keys, cache.values)[:n]
         else:
-            x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values)
+            x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values, hidden if taps is not None else (),
+                             taps)[:n]
         cache.length = past + n
         h = self.norm(x)
+        if taps is not None:
+            return self.lm_head(h[-1:] if last_only else h), torch.cat(taps, dim=-1)[:n]
         return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
 
-    def _layers(self, x, cos, sin, mask, slots, keys, values):
+    def _layers(self, x, cos, sin, mask, slots, keys, values, layers=(), taps=None):
         """The decoder layers over [n, hidden] activations; writes the n new entries into the cache
-        ``keys/values`` [layers, kv_heads, capacity, head_dim] and attends over the first ``mask.shape[1]``."""
+        ``keys/values`` [layers, kv_heads, capacity, head_dim] and attends over the first ``mask.shape[1]``;
+        appends the input of every layer in ``layers`` to ``taps``."""
         span = mask.shape[1]
         for i, layer in enumerate(self.layers):
+            if i in layers:
+                taps.append(x)
             q, k, v = layer.qkv(x, cos, sin)
             k, v = kv.StaticKV.write(keys, values, i, slots, k, v, span)
             x = layer.rest(x, layer.attend(q, k, v, mask))

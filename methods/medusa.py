@@ -197,39 +197,54 @@ def train(heads: MedusaHeads, lm_head: nn.Module, train_set: list[dict], val: li
     """Self-distillation of ResBlock-only heads (the target's lm_head frozen and shared): head ``k`` at response
     position ``t`` learns the target's greedy token at ``t + k + 2`` (``greedy[t + k + 1]`` of the records of
     ``methods.eagle_train.features``), cross-entropy, AdamW; ``positions`` random positions per sequence and
-    step; until ``minutes`` run out or ``max_steps`` are done. Returns the log: steps, minutes, the held-out
-    top-1 accuracy of every head."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(heads.parameters(), lr=lr)
+    step (``fit``). Returns the log: steps, minutes, the held-out top-1 accuracy of every head."""
     n = len(heads.heads)
+
+    def loss(d: dict, gen) -> torch.Tensor | None:
+        t, y = head_batch(d, n, positions, gen)
+        if t is None:
+            return None
+        logits = heads(d["feats"][t].float(), lm_head)  # [n, positions, vocab]
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1)
+
+    return {**fit(heads, loss, train_set, minutes=minutes, lr=lr, seed=seed, max_steps=max_steps, log=log),
+            "top1_per_head": validate(heads, lm_head, val)}
+
+
+def fit(module: nn.Module, loss, train_set: list[dict], *, minutes: float, lr: float, seed: int = 0,
+        max_steps: int | None = None, log=print) -> dict:
+    """The training loop of draft heads (Medusa's, Hydra's, EAGLE-3's): AdamW on ``module``'s trainable
+    parameters, one step per record (``loss(record, generator)``, None to skip it), records in a fresh random
+    order every epoch, until ``minutes`` run out or ``max_steps`` are done; ``module`` left in eval mode.
+    Returns steps and minutes."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
     t0, steps = time.time(), 0
-    heads.train()
+    module.train()
 
     def done() -> bool:
         return time.time() - t0 >= 60 * minutes or (max_steps is not None and steps >= max_steps)
 
     while not done():
         for d in (train_set[i] for i in torch.randperm(len(train_set), generator=gen).tolist()):
-            t, y = _batch(d, n, positions, gen)
-            if t is None:
+            value = loss(d, gen)
+            if value is None:
                 continue
-            logits = heads(d["feats"][t].float(), lm_head)  # [n, positions, vocab]
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1)
             opt.zero_grad()
-            loss.backward()
+            value.backward()
             opt.step()
             steps += 1
             if steps % 200 == 0:
-                log(f"step {steps}: loss {loss.item():.3f}, {(time.time() - t0) / 60:.1f} min")
+                log(f"step {steps}: loss {value.item():.3f}, {(time.time() - t0) / 60:.1f} min")
             if done():
                 break
-    heads.eval()
-    return {"steps": steps, "minutes": round((time.time() - t0) / 60, 2), "top1_per_head": validate(heads, lm_head,
-                                                                                                      val)}
+    module.eval()
+    return {"steps": steps, "minutes": round((time.time() - t0) / 60, 2)}
 
 
-def _batch(d: dict, n: int, positions: int, gen) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Random response positions of record ``d`` [p] and each head's label there [n, p] (-1: past the end)."""
+def head_batch(d: dict, n: int, positions: int, gen) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Random response positions ``t`` of record ``d`` [p] and the label of each of ``n`` heads there [n, p]:
+    head ``k``'s is ``greedy[t + k + 1]``, the target's token ``k + 2`` places after ``t`` (-1: past the end)."""
     length = len(d["ids"])
     first, last = max(d["start"] - 1, 0), length - 2  # t + 1 is a response token; head 0's label needs t + 1
     if last < first:
@@ -240,10 +255,15 @@ def _batch(d: dict, n: int, positions: int, gen) -> tuple[torch.Tensor | None, t
     return t, y
 
 
-@torch.no_grad()
 def validate(heads: MedusaHeads, lm_head, val: list[dict]) -> list[float]:
     """Top-1 accuracy of every head against the target's greedy tokens over the held-out records' responses."""
-    n = len(heads.heads)
+    return top1(lambda d, t: heads(d["feats"][t].float(), lm_head), len(heads.heads), val)
+
+
+@torch.no_grad()
+def top1(predict, n: int, val: list[dict]) -> list[float]:
+    """Top-1 accuracy of ``n`` heads, head ``k`` against ``greedy[t + k + 1]`` at every response position ``t``
+    of the held-out records; ``predict(record, t)`` gives the logits [n, len(t), vocab]."""
     hits, total = torch.zeros(n), torch.zeros(n)
     for d in val:
         length, first = len(d["ids"]), max(d["start"] - 1, 0)
@@ -252,7 +272,7 @@ def validate(heads: MedusaHeads, lm_head, val: list[dict]) -> list[float]:
             continue
         idx = t[None, :] + torch.arange(1, n + 1)[:, None]
         ok = idx < length
-        pred = heads(d["feats"][t].float(), lm_head).argmax(-1)
+        pred = predict(d, t).argmax(-1)
         hits += ((pred == d["greedy"][idx.clamp(max=length - 1)]) & ok).sum(1)
         total += ok.sum(1)
     return [round(float(h / max(c, 1)), 4) for h, c in zip(hits, total)]

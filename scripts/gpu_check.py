@@ -59,7 +59,8 @@ REST_STORE = ROOT / "data/cache/rest/gpu_check.npz"  # REST's datastore (rest_da
 METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),
            ("eagle2", {"head": "random", "total_tokens": 30}), ("sam", {}), ("sam_tr", {"merge": True, "threshold": 2}),
            ("sam_eagle2", {"head": "random", "total_tokens": 30}), ("sps", {"drafter": "self:1", "topk": 2}),
-           ("medusa", {"head": "random"}), ("rest", {"datastore": str(REST_STORE)})]
+           ("medusa", {"head": "random"}), ("hydra", {"head": "random", "arch": "prefix-mlp"}),
+           ("rest", {"datastore": str(REST_STORE)})]
 PROMPTS = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
 NEW_TOKENS = 48  # per prompt (--cpu: 16)
 PAPER_NODES = 81

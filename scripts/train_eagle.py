@@ -75,12 +75,14 @@ def tokenized(spec, tok, prompts: list[str]) -> dict[str, list[int]]:
     return {p: prompt_ids(spec, tok, [p], []) for p in prompts}
 
 
-def build_data(model, tok, spec, args, device, passages: bool = True) -> list[dict]:
+def build_data(model, tok, spec, args, device, passages: bool = True, layers: tuple[int, ...] = ()) -> list[dict]:
     """The training records (``methods.eagle_train.features``) of the target's answers to our prompts and, with
-    ``passages``, to requests over its own passages, from the cache when it holds them."""
+    ``passages``, to requests over its own passages, from the cache when it holds them; with ``layers``, the
+    records hold those layers' inputs too (EAGLE-3's ``taps``)."""
     prompts = tokenized(spec, tok, (training_prompts() + more_prompts())[: args.limit])
     key = eagle_train.data_key(list(prompts.values()), max_new_tokens=args.max_new_tokens,
-                               passages=[PASSAGE_ASKS, PASSAGE_REQUESTS, PASSAGE_QUESTIONS] if passages else None)
+                               passages=[PASSAGE_ASKS, PASSAGE_REQUESTS, PASSAGE_QUESTIONS] if passages else None,
+                               **({"layers": list(layers)} if layers else {}))
     cache = Path(args.data) if args.data else CACHE / "eagle" / args.model / f"data-{key}.pt"
     if cache.is_file():
         print(f"training data from {cache}")
@@ -95,7 +97,7 @@ def build_data(model, tok, spec, args, device, passages: bool = True) -> list[di
         asks = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(PASSAGE_ASKS)]
         more, more_starts = eagle_train.respond(model, tokenized(spec, tok, passage_prompts(asks)), **answer)
         seqs, starts = seqs + more, starts + more_starts
-    data = eagle_train.features(model, seqs, starts, device)
+    data = eagle_train.features(model, seqs, starts, device, layers)
     save_torch_atomic(cache, data)
     return data
 

@@ -24,12 +24,14 @@ from methods.tree import load_template
 from scripts.train_eagle import build_data
 
 
-@exit_on_error
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(description: str, kind: str, heads: bool = True) -> argparse.ArgumentParser:
+    """The options every draft-head trainer on EAGLE's data takes (Medusa's, Hydra's, EAGLE-3's; ``heads``:
+    the number of heads too); ``kind`` names the default output folder, data/<kind>/<model>."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="smollm2-135m", help="a model config name (conf/model/)")
-    ap.add_argument("--out", help="output folder (default: data/medusa/<model>)")
-    ap.add_argument("--heads", type=int, help="number of heads (default: the depth of the medusa tree, 4)")
+    ap.add_argument("--out", help=f"output folder (default: data/{kind}/<model>)")
+    if heads:
+        ap.add_argument("--heads", type=int, help="number of heads (default: the depth of the medusa tree, 4)")
     ap.add_argument("--minutes", type=float, default=15.0, help="training time budget (data generation excluded)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--positions", type=int, default=64, help="random response positions per sequence and step")
@@ -38,35 +40,51 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=32, help="prompts per generation batch")
     ap.add_argument("--data", help="the generated-data file (default: EAGLE's, data/cache/eagle/<model>/...)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    heads_n = args.heads or load_template("medusa").max_depth
-    if min(heads_n, args.positions, args.max_new_tokens, args.batch) < 1 or args.minutes <= 0:
+    return ap
+
+
+def prepared(args, kind: str, layers=None) -> dict:
+    """Check the shared options, load the target (fp32) and the data (``layers(config)``: the layers whose
+    inputs the records hold too, EAGLE-3's): the model, its spec, the output folder, the training and
+    held-out records, and the log's data entries."""
+    if "heads" in vars(args):
+        args.heads = args.heads or load_template("medusa").max_depth
+    if min(getattr(args, "heads", 1), args.positions, args.max_new_tokens, args.batch) < 1 or args.minutes <= 0:
         raise HarnessError("--heads, --minutes, --positions, --max-new-tokens and --batch must be positive")
-    out = Path(args.out) if args.out else ROOT / "data" / "medusa" / args.model
     spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))
     model, tok, device = load_model(spec)
     t0 = time.time()
-    data = build_data(model, tok, spec, args, device, passages=False)
+    data = build_data(model, tok, spec, args, device, passages=False,
+                      layers=layers(model.config.num_hidden_layers) if layers else ())
     data_minutes = (time.time() - t0) / 60
     val, train = eagle_train.split(data, random.Random(args.seed))
     tokens = sum(len(d["ids"]) - d["start"] for d in train)
     print(f"{len(train)} training sequences ({tokens} response tokens), {len(val)} held out; data took "
           f"{data_minutes:.1f} min")
-    heads = medusa.MedusaHeads(model.config.hidden_size, heads_n, 1)
+    log = {"model": args.model, "data": "scripts.train_eagle.build_data(passages=False): EAGLE's training prompts "
+                                        "(the first --limit) and the target's greedy answers",
+           "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
+           "data_minutes": round(data_minutes, 2), "args": vars(args)}
+    out = Path(args.out) if args.out else ROOT / "data" / kind / args.model
+    return {"model": model, "spec": spec, "out": out, "train": train, "val": val, "log": log}
+
+
+@exit_on_error
+def main(argv=None) -> None:
+    args = arguments(__doc__.split("\n")[0], "medusa").parse_args(argv)
+    run = prepared(args, "medusa")
+    model = run["model"]
+    heads = medusa.MedusaHeads(model.config.hidden_size, args.heads, 1)
     for block in heads.modules():  # ResBlocks start as the identity (Medusa zero-initialises their weights)
         if isinstance(block, medusa.ResBlock):
             block.linear.weight.data.zero_()
             block.linear.bias.data.zero_()
     lm_head = model.get_output_embeddings().requires_grad_(False)
-    result = medusa.train(heads, lm_head, train, val, minutes=args.minutes, lr=args.lr, positions=args.positions,
-                          seed=args.seed)
-    log = {"model": args.model, "data": "scripts.train_eagle.build_data(passages=False): EAGLE's training prompts "
-                                        "(the first --limit) and the target's greedy answers",
-           "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
-           "data_minutes": round(data_minutes, 2), "args": vars(args), **result}
+    result = medusa.train(heads, lm_head, run["train"], run["val"], minutes=args.minutes, lr=args.lr,
+                          positions=args.positions, seed=args.seed)
     print(f"held-out top-1 per head: {result['top1_per_head']}")
-    medusa.save_heads(heads, out, {"train_log.json": log}, base=spec.checkpoint)
-    print(f"-> {out} (method=medusa method.head={out})")
+    medusa.save_heads(heads, run["out"], {"train_log.json": {**run["log"], **result}}, base=run["spec"].checkpoint)
+    print(f"-> {run['out']} (method=medusa method.head={run['out']})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Checkpoints built inside the tests, in the layouts real ones come in: a tiny random model of a shipped
 config's architecture with a SentencePiece tokenizer (Vicuna's and Llama-2's kind: ``tokenizer.model`` only),
-an EAGLE head in SafeAILab/EAGLE's layout, and the Hugging Face hub cache's folder layout to put them in."""
+an EAGLE head in SafeAILab/EAGLE's layout, Medusa and Hydra heads in theirs, and the Hugging Face hub cache's
+folder layout to put them in."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from evaluation.shapes import random_model
 
@@ -110,3 +111,91 @@ def hub_snapshot(cache: Path, repo: str, commit: str = "0" * 40) -> Path:
     snapshot = root / "snapshots" / commit
     snapshot.mkdir(parents=True, exist_ok=True)
     return snapshot
+
+
+def save_hydra_heads(folder, config, arch: str = "mlp", heads: int = 4, layers: int = 2, own: bool = True,
+                     grounded: bool = True, drop=(), reshape=None, differ=None, **extra) -> dict:
+    """Heads as zankner/Hydra publishes them (ankner/hydra-vicuna-7b-v1.3) and Spec-Bench's model/hydra (fd2c1cd)
+    reads them: config.json (HydraConfig: hydra_num_heads, hydra_num_layers, hydra_head_arch, grounded_heads,
+    hidden_state_offset) and hydra_lm_head.pt, ``hydra_head.state_dict()`` as hydra/train/train.py saves it.
+    Per hydra_heads/mlp_head.py and prefix_mlp_head.py, head i is ``hydra_mlp.{i}``, a Sequential of
+    ResBlock(h, i + 1) (``linear`` and ``res_connection``, (i + 2) h -> h, with biases) then one ResBlock(h)
+    repeated layers - 1 times (``linear`` only): at indices 0, 1, ... (mlp) or 1, 3, ... after Dropouts
+    (prefix-mlp); ``hydra_lm_head.{i}`` a Linear(h, vocab) with a bias (mlp) or Dropout, Linear (prefix-mlp,
+    ``.1.``); prefix-mlp's ``prefix_embeding_layer`` a one-layer LlamaModel of the base config; the target's
+    embedding held as ``input_embed_fn``. Returns the state (float32), with ``prefix_model``, the LlamaModel."""
+    from transformers import LlamaModel
+
+    h, v = config.hidden_size, config.vocab_size
+    prefix = arch == "prefix-mlp"
+    state = {"input_embed_fn.weight": torch.randn(v, h)}
+    for i in range(heads):
+        shared = {"weight": torch.randn(h, h) * 0.05, "bias": torch.randn(h) * 0.05}
+        for j in range(layers):
+            block = f"hydra_mlp.{i}.{2 * j + 1 if prefix else j}"
+            if j == 0:
+                for part in ("linear", "res_connection"):
+                    state[f"{block}.{part}.weight"] = torch.randn(h, (i + 2) * h) * 0.05
+                    state[f"{block}.{part}.bias"] = torch.randn(h) * 0.05
+            else:
+                state[f"{block}.linear.weight"], state[f"{block}.linear.bias"] = shared["weight"], shared["bias"]
+        if own:
+            lm = f"hydra_lm_head.{i}.{'1.' if prefix else ''}"
+            state[f"{lm}weight"], state[f"{lm}bias"] = torch.randn(v, h), torch.randn(v)
+    prefix_model = None
+    if prefix:
+        c = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1})
+        torch.manual_seed(1)
+        prefix_model = LlamaModel(c).eval()
+        with torch.no_grad():
+            for p in prefix_model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)  # norms away from one
+        state.update({f"prefix_embeding_layer.{k}": t.clone() for k, t in prefix_model.state_dict().items()})
+    for k in drop:
+        del state[k]
+    if reshape:
+        state[reshape] = torch.zeros(3, 3)
+    if differ:
+        state[differ] = state[differ] + 1
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "hydra_num_heads": heads, "hydra_num_layers": layers, "hydra_head_arch": arch, "grounded_heads": grounded,
+        "hidden_state_offset": 0, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3", **extra}))
+    torch.save(state, folder / "hydra_lm_head.pt")
+    return {**state, "prefix_model": prefix_model}
+
+
+def save_eagle3_head(folder, config, draft_vocab: int | None = None, drop=(), reshape=None, **extra) -> dict:
+    """An EAGLE-3 head as SafeAILab publishes them (yuhuili/EAGLE3-Vicuna1.3-13B) and eagle/model/cnets.py's
+    ``Model`` holds it: ``fc`` (3h -> h, no bias), ``midlayer`` (LlamaDecoderLayeremb: q/k/v_proj from 2h,
+    o_proj, the MLP, input_layernorm, hidden_norm, post_attention_layernorm), ``norm``, ``lm_head`` (h ->
+    draft_vocab_size), the buffers ``d2t`` (draft index i -> token i + d2t[i]) and ``t2d`` when the draft
+    vocabulary is smaller, and the base model's ``embed_tokens``; config.json the target's shapes, one layer,
+    ``draft_vocab_size``; pytorch_model.bin. Returns the state (float32)."""
+    h, v, i = config.hidden_size, config.vocab_size, config.intermediate_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    d, dv = h // heads, draft_vocab or v
+    r = lambda *shape: torch.randn(*shape) * 0.1  # noqa: E731
+    a = "midlayer.self_attn."
+    state = {"fc.weight": r(h, 3 * h), f"{a}q_proj.weight": r(heads * d, 2 * h),
+             f"{a}k_proj.weight": r(kv_heads * d, 2 * h), f"{a}v_proj.weight": r(kv_heads * d, 2 * h),
+             f"{a}o_proj.weight": r(h, heads * d),
+             "midlayer.mlp.gate_proj.weight": r(i, h), "midlayer.mlp.up_proj.weight": r(i, h),
+             "midlayer.mlp.down_proj.weight": r(h, i), "midlayer.input_layernorm.weight": 1 + r(h),
+             "midlayer.hidden_norm.weight": 1 + r(h), "midlayer.post_attention_layernorm.weight": 1 + r(h),
+             "norm.weight": 1 + r(h), "lm_head.weight": torch.randn(dv, h), "embed_tokens.weight": r(v, h)}
+    if dv < v:  # the draft vocabulary: dv distinct target tokens, in increasing order
+        tokens = torch.randperm(v, generator=torch.Generator().manual_seed(0))[:dv].sort().values
+        state["d2t"] = tokens - torch.arange(dv)
+        state["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill_(0, tokens, True)
+    for k in drop:
+        del state[k]
+    if reshape:
+        state[reshape] = torch.zeros(3, 3)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": h, "intermediate_size": i, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "num_hidden_layers": 1, "rms_norm_eps": config.rms_norm_eps,
+        "vocab_size": v, "draft_vocab_size": dv, **extra}))
+    torch.save(state, folder / "pytorch_model.bin")
+    return state

@@ -36,8 +36,8 @@ def test_method_and_engine_options_come_from_their_declarations():
             assert composed == config_node(name, declaration)
             values = {k: v for k, v in composed.items() if k != "name" and not str(v).startswith("${")}
             parse(declaration, values, f"{group} '{name}'", prefix=group)
-    assert known_methods() == ["eagle", "eagle2", "lookahead", "medusa", "pld", "rest", "sam", "sam_eagle2",
-                               "sam_tr", "sps", "tr", "vanilla"]
+    assert known_methods() == ["eagle", "eagle2", "eagle3", "hydra", "lookahead", "medusa", "pld", "rest", "sam",
+                               "sam_eagle2", "sam_tr", "sps", "tr", "vanilla"]
     assert _compose("method=eagle", "model=vicuna-7b").method.head == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     assert _compose("method=sam_tr").method.corpus == "data/sam/smollm2-135m.npz"  # the model config's corpus
     assert _compose("method=sam", "model=vicuna-7b").method.corpus == "data/sam/vicuna-7b.npz"  # one the user makes

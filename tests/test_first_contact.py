@@ -12,7 +12,8 @@ import torch
 from evaluation.models import ModelSpec, cpu_fallback, load_model
 from methods import hub
 from methods.common import ROOT, HarnessError
-from tests.checkpoints import hub_snapshot, save_eagle_head, save_medusa_heads, save_model, sentencepiece_tokenizer
+from tests.checkpoints import (hub_snapshot, save_eagle_head, save_hydra_heads, save_medusa_heads, save_model,
+                               sentencepiece_tokenizer)
 from tests.conftest import cli
 
 
@@ -156,13 +157,20 @@ def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path
 
 
 @pytest.mark.slow
-def test_vicuna_with_its_published_medusa_heads_runs_end_to_end(hub_cache, tmp_path):
-    """`evaluation.run model=vicuna-7b method=medusa` reads FasterDecoding/medusa-vicuna-7b-v1.3 (5 heads with
-    their own lm_heads, medusa_lm_head.pt) from the hub cache; missing, one line naming it; tokens = vanilla's."""
+@pytest.mark.parametrize("method, repo", [("medusa", "FasterDecoding/medusa-vicuna-7b-v1.3"),
+                                          ("hydra", "ankner/hydra-vicuna-7b-v1.3")])
+def test_vicuna_with_its_published_draft_heads_runs_end_to_end(hub_cache, tmp_path, method, repo):
+    """`evaluation.run model=vicuna-7b method=medusa` (or hydra) reads the config's published heads from the hub
+    cache: FasterDecoding's Medusa-1 (5 heads with their own lm_heads, medusa_lm_head.pt), zankner/Hydra's
+    heads in the Hydra++ shape its README trains (prefix-mlp, 4 heads of 4 layers, hydra_lm_head.pt); missing,
+    one line naming them; tokens = vanilla's."""
     model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    p = vicuna_run(tmp_path, "medusa")
-    assert p.returncode == 2 and "download FasterDecoding/medusa-vicuna-7b-v1.3 or set method.head=PATH" in p.stderr
-    save_medusa_heads(hub_snapshot(hub_cache, "FasterDecoding/medusa-vicuna-7b-v1.3"), model.config)
-    _, summary = runs_equal_to_vanilla(tmp_path, "medusa")
+    p = vicuna_run(tmp_path, method)
+    assert p.returncode == 2 and f"download {repo} or set method.head=PATH" in p.stderr
+    if method == "medusa":
+        save_medusa_heads(hub_snapshot(hub_cache, repo), model.config)
+    else:
+        save_hydra_heads(hub_snapshot(hub_cache, repo), model.config, arch="prefix-mlp", layers=4)
+    _, summary = runs_equal_to_vanilla(tmp_path, method)
     state = summary["method_state"]
-    assert state["head"] == "FasterDecoding/medusa-vicuna-7b-v1.3" and state["heads"] == 5 and state["own_lm_heads"]
+    assert state["head"] == repo and state["heads"] == (5 if method == "medusa" else 4) and state["own_lm_heads"]

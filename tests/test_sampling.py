@@ -68,7 +68,8 @@ def test_bad_settings_are_one_clear_error(bad, message):
 METHODS = [("tr", {}), ("tr", {"tree": "grown-n30-d6", "start": "cold"}), ("pld", {}), ("lookahead", {}),
            ("eagle", {"head": "random"}), ("eagle2", {"head": "random", "total_tokens": 12}), ("sam", {}),
            ("sam_tr", {"merge": True, "threshold": 2}), ("sam_eagle2", {"head": "random", "total_tokens": 12}),
-           ("sps", {"drafter": "self:1"}), ("sps", {"drafter": "self:2", "topk": 3}), ("medusa", {"head": "random"})]
+           ("sps", {"drafter": "self:1"}), ("sps", {"drafter": "self:2", "topk": 3}), ("medusa", {"head": "random"}),
+           ("hydra", {"head": "random", "arch": "prefix-mlp"})]
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]
 
 

@@ -16,7 +16,8 @@ LAYERS = [
     {"decode", "autotree"},
     {"calibrate"},
     {"vanilla", "tr", "pld", "lookahead", "eagle", "medusa", "rest", "sps"},
-    {"sam", "eagle_train"},
+    {"sam", "eagle_train", "hydra"},
+    {"eagle3"},
 ]
 
 
