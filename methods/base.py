@@ -94,7 +94,9 @@ class Proposer:
       ``wants_prompt_logits``: the other prefills compute the last position only.
       ``prompt_hidden`` ([prompt_len, hidden], the target's last hidden states, what its
       lm_head reads) only to methods that set ``wants_hidden``, which also get the
-      accepted path's hidden states in every ``Verification``.
+      accepted path's hidden states in every ``Verification``; a ``wants_hidden`` that is a
+      tuple of layer indices asks for the inputs of those decoder layers instead, side by
+      side (EAGLE-3's features).
     * ``propose(context)``: ``context`` is the committed sequence, prompt included,
       whose last element is the root. Returns a ``Draft``.
     * ``update(draft, result)``: learn from the verification of that draft.
@@ -103,7 +105,7 @@ class Proposer:
     name: ClassVar[str]
     Params: ClassVar[type]
     wants_prompt_logits: ClassVar[bool] = False
-    wants_hidden: ClassVar[bool] = False
+    wants_hidden: bool | tuple[int, ...] = False
     needs_target: ClassVar[bool] = False  # build() gets the target model (EAGLE shares its embeddings, lm_head)
     drafts_first: bool = False  # the prefill leaves out the prompt's last token, which roots the first draft
     drafts: ClassVar[bool] = True  # False: never drafts (vanilla), for the step-counting conventions of metrics

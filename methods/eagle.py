@@ -131,15 +131,7 @@ def load_head(head: str, target_config) -> EagleHead:
                           f"{target_config.vocab_size}: give the head trained for this model")
     config = head_config(target_config, **{k: raw[k] for k in (*SHAPE_KEYS, *ROPE_KEYS) if k in raw})
     bias = raw.get(BIAS_KEY, True)
-    if (folder / SAFETENSORS_FILE).is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(folder / SAFETENSORS_FILE)
-    elif (folder / BIN_FILE).is_file():
-        state = torch.load(folder / BIN_FILE, map_location="cpu", weights_only=True)
-    else:
-        raise HarnessError(f"EAGLE head {folder} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
-    state = {k: v for k, v in state.items() if not k.endswith(IGNORED)}
+    state = read_weights(folder, "EAGLE", IGNORED)
     want = expected_shapes(config, bias)
     missing = sorted(set(want) - set(state))
     if missing:
@@ -154,6 +146,20 @@ def load_head(head: str, target_config) -> EagleHead:
     model = EagleHead(config, bias)
     model.load_state_dict(state, strict=False)  # the rotary buffer is not in a checkpoint
     return model
+
+
+def read_weights(folder: Path, kind: str, ignored: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The state dict of a head folder in SafeAILab's layouts (``model.safetensors``, else ``pytorch_model.bin``),
+    without the keys that end in one of ``ignored``; neither file: refused naming the ``kind`` of head."""
+    if (folder / SAFETENSORS_FILE).is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(folder / SAFETENSORS_FILE)
+    elif (folder / BIN_FILE).is_file():
+        state = torch.load(folder / BIN_FILE, map_location="cpu", weights_only=True)
+    else:
+        raise HarnessError(f"{kind} head {folder} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
+    return {k: v for k, v in state.items() if not k.endswith(ignored)}
 
 
 def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.float16,

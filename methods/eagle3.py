@@ -35,7 +35,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from methods import hub
 from methods.base import register
 from methods.common import HarnessError, folder_replaced, write_json_atomic
-from methods.eagle import BIN_FILE, CONFIG_FILE, ROPE_KEYS, SAFETENSORS_FILE, SHAPE_KEYS, Eagle2, head_config
+from methods.eagle import (BIN_FILE, CONFIG_FILE, ROPE_KEYS, SAFETENSORS_FILE, SHAPE_KEYS, Eagle2, head_config,
+                           read_weights)
 from methods.eagle_train import head_pass
 from methods.medusa import fit
 from methods.params import param
@@ -132,15 +133,7 @@ def load_head(head: str, target_config) -> Eagle3Head:
         raise HarnessError(f"EAGLE-3 head {folder}: draft_vocab_size {draft_vocab!r} must be in 1..{vocab}")
     config = head_config(target_config, **{k: raw[k] for k in (*SHAPE_KEYS, *ROPE_KEYS) if k in raw})
     config.head_dim = h // config.num_attention_heads
-    if (folder / SAFETENSORS_FILE).is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(folder / SAFETENSORS_FILE)
-    elif (folder / BIN_FILE).is_file():
-        state = torch.load(folder / BIN_FILE, map_location="cpu", weights_only=True)
-    else:
-        raise HarnessError(f"EAGLE-3 head {folder} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
-    state = {k: v for k, v in state.items() if not k.endswith(IGNORED)}
+    state = read_weights(folder, "EAGLE-3", IGNORED)
     want = expected_shapes(config, draft_vocab, vocab)
     missing, unknown = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or unknown:

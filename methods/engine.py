@@ -79,7 +79,7 @@ class Engine:
         raise NotImplementedError
 
     def forward(self, tokens: torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
-                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                hidden: bool | tuple[int, ...] = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [n, vocab] (``last_only``: [1, vocab]) of ``tokens`` [n] placed after the committed
         prefix, and with ``hidden`` the last hidden states [n, hidden] (what the lm_head reads); with ``hidden``
         a tuple of layer indices, the inputs of those decoder layers side by side [n, len(hidden) * hidden]

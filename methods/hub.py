@@ -12,6 +12,7 @@ True
 """
 from __future__ import annotations
 
+import json
 import re
 import socket
 from functools import lru_cache
@@ -91,3 +92,14 @@ def folder(ref: str, setting: str, patterns: list[str], holds: str) -> Path:
     if not where.is_dir():
         raise HarnessError(f"{setting}={ref} is a file; give the folder holding its {holds}")
     return where
+
+
+def head_files(ref: str, kind: str, files: list[str]) -> tuple[Path, dict]:
+    """A draft head's folder (``folder`` of ``method.head=ref``) that must hold every one of ``files``, the first
+    being its config.json: (the folder, that config). A missing file is refused naming it and the ``kind`` of
+    head (Medusa, Hydra) whose layout it is not."""
+    where = folder(ref, "method.head", files, " and ".join(files))
+    for f in files:
+        if not (where / f).is_file():
+            raise HarnessError(f"{kind} head {where} has no {f}: not a checkpoint in {kind}'s layout")
+    return where, json.loads((where / files[0]).read_text())

@@ -32,7 +32,6 @@ Verification is the shared greedy one (lossless); Hydra's typical acceptance at 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,11 +149,7 @@ def layout(heads: HydraHeads) -> dict[str, str]:
 
 def load_heads(head: str, target_config) -> HydraHeads:
     """Hydra heads in the published layout, checked against the target; a mismatch names the key and shapes."""
-    folder = hub.folder(head, "method.head", [CONFIG_FILE, WEIGHTS_FILE], f"{CONFIG_FILE} and {WEIGHTS_FILE}")
-    for f in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (folder / f).is_file():
-            raise HarnessError(f"Hydra head {folder} has no {f}: not a checkpoint in Hydra's layout")
-    raw = json.loads((folder / CONFIG_FILE).read_text())
+    folder, raw = hub.head_files(head, "Hydra", [CONFIG_FILE, WEIGHTS_FILE])
     # HydraConfig's defaults (Spec-Bench model/hydra/hydra_model.py) for keys a config.json leaves out
     n, layers, arch = raw.get("hydra_num_heads", 4), raw.get("hydra_num_layers", 1), raw.get("hydra_head_arch", "mlp")
     if not isinstance(n, int) or n < 1 or not isinstance(layers, int) or layers < 1:

@@ -19,7 +19,6 @@ so, ResBlocks only. ``random``: lossless, only slow.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,11 +79,7 @@ def expected_shapes(hidden: int, heads: int, layers: int, vocab: int | None) -> 
 
 def load_heads(head: str, target_config) -> MedusaHeads:
     """Medusa heads in the published layout, checked against the target; a mismatch names the key and shapes."""
-    folder = hub.folder(head, "method.head", [CONFIG_FILE, WEIGHTS_FILE], f"{CONFIG_FILE} and {WEIGHTS_FILE}")
-    for f in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (folder / f).is_file():
-            raise HarnessError(f"Medusa head {folder} has no {f}: not a checkpoint in Medusa's layout")
-    raw = json.loads((folder / CONFIG_FILE).read_text())
+    folder, raw = hub.head_files(head, "Medusa", [CONFIG_FILE, WEIGHTS_FILE])
     n, layers = raw.get("medusa_num_heads"), raw.get("medusa_num_layers", 1)
     if not isinstance(n, int) or n < 1 or not isinstance(layers, int) or layers < 0:
         raise HarnessError(f"Medusa head {folder}: {CONFIG_FILE} needs medusa_num_heads (>= 1) and "

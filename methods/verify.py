@@ -63,14 +63,14 @@ def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree,
 
 
 @torch.inference_mode()
-def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool = False, sampler=None,
-           position: int = 0) -> Verification:
+def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool | tuple[int, ...] = False,
+           sampler=None, position: int = 0) -> Verification:
     """Forward ``draft`` after the committed prefix, accept, and leave only the accepted path in the cache.
 
     ``engine`` is a ``methods.engine.Engine``; ``timer(phase)`` is a context manager that profiling code
     passes in (``methods.decode.PhaseTimer``); ``topk > 0`` also returns every node's top-k tokens
-    (``Proposer.topk``); ``hidden`` the target's last hidden states on the accepted path
-    (``Proposer.wants_hidden``). ``sampler`` (a ``methods.sampling.Sampler``; None: greedy) draws each
+    (``Proposer.topk``); ``hidden`` the target's last hidden states on the accepted path, or the inputs of
+    those layers (``Proposer.wants_hidden``). ``sampler`` (a ``methods.sampling.Sampler``; None: greedy) draws each
     node's next token, the root's being new token number ``position`` of the turn.
     """
     tree, past = draft.tree, engine.length
