@@ -17,6 +17,8 @@ value:
 2b. ``sampling.csv``: every method sampling at temperature 1 (top-p 0.95) in fp32 on the static engine, on
    the device: token-identical to vanilla sampling with the same seed there (``methods.sampling``), and how
    often vanilla's samples on the device equal the CPU's.
+2c. ``methods.csv`` (method ``eagle3``): EAGLE-3 with a random head on both engines, on an 8-layer tiny
+   model (it reads the inputs of layers 2, L/2 and L-3): fp32 token-identical to CPU greedy.
 3. ``methods.csv`` (engine ``static-compiled``): compiled steps with CUDA graphs (``reduce-overhead``) for
    two step sizes, prepared before decoding: equal to CPU greedy, compile seconds, nothing compiled late.
 4. ``cost.csv``: the fp16 latency of verifying N = 1..128 tokens after 512 and 1536 cached ones, static
@@ -159,12 +161,12 @@ def rest_datastore() -> None:
     save_corpus(REST_STORE, PROMPTS, {"source": "scripts/gpu_check.py PROMPTS"})
 
 
-def references(arch: str, device) -> tuple:
+def references(arch: str, device, layers: int = 2) -> tuple:
     """A tiny random model of ``arch`` on ``device`` (fp32) and CPU greedy's tokens for every prompt."""
-    cpu = random_model(arch, small=True)
+    cpu = random_model(arch, small=True, num_hidden_layers=layers)
     refs = [cpu.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist()
             for p in PROMPTS]
-    return random_model(arch, small=True, device=device), refs  # the same seed: the same weights
+    return random_model(arch, small=True, num_hidden_layers=layers, device=device), refs  # same seed, same weights
 
 
 def methods(check: Check, archs) -> str:
@@ -205,6 +207,25 @@ def methods(check: Check, archs) -> str:
     check.csv("methods.csv", rows)
     bad = sum(not r["ok"] for r in rows)
     return f"FAILED: {bad} of {len(rows)} runs" if bad else f"ok: {len(rows)} runs as required"
+
+
+def eagle3(check: Check, arch: str) -> str:
+    """EAGLE-3 (a random head) on both engines, fp32: it reads layers 2, L/2 and L-3, so an 8-layer model."""
+    model, refs = references(arch, check.device, layers=8)
+    rows = []
+    for engine in (HFEngine(model), StaticEngine(model)):
+        for i, (prompt, ref) in enumerate(zip(PROMPTS, refs)):
+            p = build_proposer("eagle3", {"head": "random", "total_tokens": 30}, vocab_size=model.config.vocab_size,
+                               device=check.device, target=model)
+            gen = generate(engine, p, prompt, max_new_tokens=NEW_TOKENS, stop_ids=set())
+            pos = first_divergence(gen.token_ids, ref)
+            rows.append({"arch": f"{arch} (8 layers)", "dtype": "float32", "engine": engine.name, "method": "eagle3",
+                         "prompt": i, "equal": pos is None, "first_divergence": "" if pos is None else pos,
+                         "kind": "", "mat": round(len(gen.token_ids) / len(gen.accept_lengths), 3),
+                         "ok": pos is None, "why": ""})
+    check.csv("methods.csv", rows)
+    bad = sum(not r["ok"] for r in rows)
+    return f"FAILED: {bad} of {len(rows)} runs differ" if bad else f"ok: {len(rows)} runs as required"
 
 
 def sampled(check: Check, arch: str) -> str:
@@ -349,6 +370,7 @@ def main(argv=None) -> int:
     check.run("1 attention kernels (fp16)", attention, torch.float16 if not args.cpu else torch.float32)
     check.run("2 methods, fp32 = CPU greedy; fp16 divergences classified", methods, archs)
     check.run("2b sampling at T=1: every method = vanilla sampling", sampled, archs[0])
+    check.run("2c EAGLE-3 (8 layers), fp32 = CPU greedy", eagle3, archs[0])
     check.run("3 compiled steps" + (" with CUDA graphs" if device.type == "cuda" else ""), compiled, archs[0])
     if args.cpu:
         check.run("4 cost curves (tiny shapes)", cost, ["vicuna-7b", "llama-3-8b-instruct"], True,

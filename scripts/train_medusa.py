@@ -50,7 +50,7 @@ def prepared(args, kind: str, layers=None) -> dict:
     if "heads" in vars(args):
         args.heads = args.heads or load_template("medusa").max_depth
     if min(getattr(args, "heads", 1), args.positions, args.max_new_tokens, args.batch) < 1 or args.minutes <= 0:
-        raise HarnessError("--heads, --minutes, --positions, --max-new-tokens and --batch must be positive")
+        raise HarnessError("--minutes, --positions, --max-new-tokens, --batch (and --heads) must be positive")
     spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))
     model, tok, device = load_model(spec)
     t0 = time.time()
