@@ -154,10 +154,11 @@ def load_head(head: str, target_config) -> Eagle3Head:
     return model
 
 
-def new_head(target_config, tokens: torch.Tensor | None = None) -> Eagle3Head:
+def new_head(target_config, tokens: torch.Tensor | None = None, intermediate_size: int | None = None) -> Eagle3Head:
     """An untrained head for the target (PyTorch's default initialisation, as EAGLE-3's trainer starts), its
-    draft vocabulary ``tokens`` (increasing target ids; None: the whole vocabulary)."""
-    config = head_config(target_config)
+    draft vocabulary ``tokens`` (increasing target ids; None: the whole vocabulary), its MLP as wide as the
+    target's unless ``intermediate_size`` says otherwise (config.json's key: the loader reads any width)."""
+    config = head_config(target_config, **({"intermediate_size": intermediate_size} if intermediate_size else {}))
     config.head_dim = config.hidden_size // config.num_attention_heads
     head = Eagle3Head(config, len(tokens) if tokens is not None else target_config.vocab_size)
     if tokens is not None:

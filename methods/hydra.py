@@ -27,7 +27,8 @@ The heads' weights (``method.head``): a folder or hub id in the layout zankner/H
 without their lm_head keys share the target's (no bias): our trained heads (``python -m scripts.train_hydra``)
 are so. Ungrounded heads (``grounded_heads: false``) are Medusa heads, and a ``hidden_state_offset`` other than
 0 reads an inner layer: both are refused. The tree (``method.tree``) is Spec-Bench's Hydra default,
-``mc_sim_7b_63`` (its ``hydra_choices.py`` holds the same list as Medusa's: ``data/trees/medusa.json``).
+``mc_sim_7b_63`` (its ``hydra_choices.py`` holds the same list as Medusa's: ``data/trees/medusa.json``), cut to
+the heads' depth when they are fewer than its 4 (``methods.tree.heads_tree``).
 Verification is the shared greedy one (lossless); Hydra's typical acceptance at T > 0 is not offered.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ from methods.eagle import head_config
 from methods.medusa import fit, head_batch, top1
 from methods.ops import Linear, can_pack, fp32_rotary
 from methods.params import param
-from methods.tree import additive_mask, load_template
+from methods.tree import HEADS_TREE, additive_mask, heads_tree, load_template
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "hydra_lm_head.pt"
 ARCHS = ("mlp", "prefix-mlp")
@@ -224,20 +225,18 @@ class Hydra(Proposer):
     class Params:
         head: str | None = param(None, "a folder or hub id in Hydra's layout, or random (lossless, slow); in a "
                                  "run, the model config's hydra_head", config="${model.hydra_head}")
-        tree: str = param("medusa", "a template in data/trees/ or a .json path (medusa: mc_sim_7b_63, Hydra's "
-                          "default too: 63 drafts, depth 4)")
+        tree: str | None = param(None, "a template in data/trees/ or a .json path; default: mc_sim_7b_63 "
+                                 "(data/trees/medusa.json, Hydra's default: 63 drafts, depth 4) to the heads' depth")
         arch: str = param("mlp", "for head=random: the head architecture", choices=ARCHS)
         seed: int = param(0, "for head=random")
 
-    def __init__(self, heads: HydraHeads, target, tree: str, head_name: str, device):
+    def __init__(self, heads: HydraHeads, target, tree: str | None, head_name: str, device):
         dtype = next(target.parameters()).dtype
         self.heads = fp32_rotary(heads.to(device=device, dtype=dtype)).eval().requires_grad_(False)
         self.embed = target.get_input_embeddings()
         self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype))
-        self.tree, self.tree_name, self.head_name, self.device = load_template(tree).to(device), tree, head_name, device
-        if self.tree.max_depth > len(heads.heads):
-            raise HarnessError(f"tree '{tree}' has depth {self.tree.max_depth}, but the Hydra head has "
-                              f"{len(heads.heads)} heads: give a tree of depth at most {len(heads.heads)}")
+        self.tree, self.tree_name = heads_tree(tree, len(heads.heads), "Hydra")
+        self.tree, self.head_name, self.device = self.tree.to(device), head_name, device
         self.width = int(self.tree.rank.max()) + 1  # a parent's children are its head's top tokens, in rank order
         # Per depth d = 1..max: the nodes of depth d - 1 that have children (head d - 1 reads them), the nodes of
         # depth d with each one's parent row among those, and for the next level, each forwarded node's parent row.
@@ -260,7 +259,8 @@ class Hydra(Proposer):
                               "method.head=PATH (a folder in Hydra's layout, or a hub id), train them with python "
                               "-m scripts.train_hydra, or method.head=random (lossless, slow)")
         if params.head == "random":
-            heads = random_heads(target.config, load_template(params.tree).max_depth, params.arch, params.seed)
+            depth = load_template(params.tree or HEADS_TREE).max_depth
+            heads = random_heads(target.config, depth, params.arch, params.seed)
         else:
             heads = load_heads(params.head, target.config)
         return cls(heads, target, params.tree, params.head, device)

@@ -4,7 +4,8 @@ At the newest accepted node (the one whose next token is the root, committed by 
 last hidden state ``f`` (after the final norm: what its lm_head reads) is known. Medusa head ``k`` (k = 0, 1, ...)
 reads ``f`` and predicts the token ``k + 1`` places after the root: ``lm_head_k(ResBlocks_k(f))``, a ResBlock
 being ``x + SiLU(W x + b)``. The draft is a static tree (``method.tree``; Spec-Bench's Medusa row runs
-``mc_sim_7b_63``, ``data/trees/medusa.json``, 63 drafts, depth 4) whose node of depth ``d`` and rank ``r`` is
+``mc_sim_7b_63``, ``data/trees/medusa.json``, 63 drafts, depth 4, the default, cut to the heads' depth when
+they are fewer) whose node of depth ``d`` and rank ``r`` is
 the ``r``-th of head ``d - 1``'s top-``topk`` tokens (Medusa's TOPK = 10), whatever its parent: one small
 forward per step, no draft model. Verification is the shared greedy one (lossless); Medusa-2's typical
 acceptance is not lossless and is not offered.
@@ -32,7 +33,7 @@ from methods.base import Draft, Preparation, Proposer, Verification, register
 from methods.common import HarnessError, folder_replaced, write_json_atomic
 from methods.ops import Linear, can_pack
 from methods.params import param
-from methods.tree import load_template
+from methods.tree import HEADS_TREE, heads_tree, load_template
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "medusa_lm_head.pt"
 TOPK = 10  # Medusa's top-k per head for the sparse tree (its utils.py TOPK)
@@ -127,22 +128,19 @@ class Medusa(Proposer):
     class Params:
         head: str | None = param(None, "a folder or hub id in Medusa's layout, or random (lossless, slow); in a "
                                  "run, the model config's medusa_head", config="${model.medusa_head}")
-        tree: str = param("medusa", "a template in data/trees/ or a .json path (medusa: mc_sim_7b_63, 63 drafts, "
-                          "depth 4)")
+        tree: str | None = param(None, "a template in data/trees/ or a .json path; default: mc_sim_7b_63 "
+                                 "(data/trees/medusa.json, 63 drafts, depth 4) to the heads' depth")
         topk: int = param(TOPK, "candidates per head (Medusa's TOPK)", low=1, high=64)
         seed: int = param(0, "for head=random")
 
-    def __init__(self, heads: MedusaHeads, target, tree: str, topk: int, head_name: str, device):
+    def __init__(self, heads: MedusaHeads, target, tree: str | None, topk: int, head_name: str, device):
         dtype = next(target.parameters()).dtype
         self.heads = heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype))
-        self.tree, self.tree_name, self.width, self.head_name = load_template(tree).to(device), tree, topk, head_name
-        depth = self.tree.max_depth
-        if depth > len(heads.heads):
-            raise HarnessError(f"tree '{tree}' has depth {depth}, but the Medusa head has {len(heads.heads)} "
-                              f"heads: give a tree of depth at most {len(heads.heads)}")
+        self.tree, self.tree_name = heads_tree(tree, len(heads.heads), "Medusa")
+        self.tree, self.width, self.head_name = self.tree.to(device), topk, head_name
         if int(self.tree.rank.max()) >= topk:
-            raise HarnessError(f"tree '{tree}' uses ranks up to {int(self.tree.rank.max())}, which needs "
+            raise HarnessError(f"tree '{self.tree_name}' uses ranks up to {int(self.tree.rank.max())}, which needs "
                               f"method.topk > {int(self.tree.rank.max())} (got {topk})")
         self.rows, self.cols = self.tree.depth[1:] - 1, self.tree.rank[1:]  # each draft's head and rank
         self.feature: torch.Tensor | None = None
@@ -155,7 +153,7 @@ class Medusa(Proposer):
                               "-m scripts.train_medusa, or method.head=random (lossless, slow)")
         if params.head == "random":
             torch.manual_seed(params.seed)
-            heads = MedusaHeads(target.config.hidden_size, load_template(params.tree).max_depth, 1)
+            heads = MedusaHeads(target.config.hidden_size, load_template(params.tree or HEADS_TREE).max_depth, 1)
             for block in heads.modules():
                 if isinstance(block, nn.Linear):
                     nn.init.normal_(block.weight, std=0.02)

@@ -77,6 +77,14 @@ class Tree:
     def to(self, device: torch.device | str) -> "Tree":
         return _tree_on(self.parents, str(device))
 
+    def cut(self, depth: int) -> "Tree":
+        """The nodes of depth at most ``depth`` (a prefix: the order is breadth-first).
+
+        >>> Tree.from_children_counts([2, 1]).cut(1).parents
+        (-1, 0, 0)
+        """
+        return _tree_on(self.parents[:sum(len(p) <= depth + 1 for p in self.paths)], "cpu")
+
     @staticmethod
     def from_parents(parents) -> "Tree":
         return _tree_on(_integers(parents, "parents"), "cpu")
@@ -190,6 +198,22 @@ def load_template(name_or_path: str) -> Tree:
         why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e
         raise TreeError(f"tree template {path} is malformed ({why}); it needs 'children' (levels) or 'parents'") \
             from None
+
+
+HEADS_TREE = "medusa"  # mc_sim_7b_63: Spec-Bench's tree for Medusa and Hydra (their medusa_choices, hydra_choices)
+
+
+def heads_tree(name: str | None, heads: int, method: str) -> tuple[Tree, str]:
+    """The static tree of a proposer with ``heads`` heads, one per depth, and its name: the template ``name``
+    (refused if deeper than the heads), or for None mc_sim_7b_63 cut to the heads' depth."""
+    if name is None:
+        tree = load_template(HEADS_TREE)
+        return tree.cut(heads), HEADS_TREE + ("" if heads >= tree.max_depth else f" to depth {heads}")
+    tree = load_template(name)
+    if tree.max_depth > heads:
+        raise TreeError(f"tree '{name}' has depth {tree.max_depth}, but the {method} head has {heads} heads: give "
+                        f"a tree of depth at most {heads}, or leave method.tree out ({HEADS_TREE} to the heads' depth)")
+    return tree, name
 
 
 def grow_tree(accept: list[list[float]], n_drafts: int, max_depth: int, k: int, reach_depth: bool = False) -> Tree:

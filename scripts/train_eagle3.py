@@ -6,7 +6,8 @@ The data is Medusa's and Hydra's (``scripts.train_medusa``: EAGLE's pipeline, th
 to our own prompts), with the inputs of the target's layers 2, L // 2 and L - 3 beside its last hidden state
 (cached under ``data/cache/eagle/<model>/``: the responses are shared, the features computed once more); the
 recipe is ``methods.eagle3.train`` (training-time test over ``--unroll`` depths, soft labels over the draft
-vocabulary: the ``--draft-vocab`` tokens most frequent in the responses). The checkpoint is EAGLE-3's layout
+vocabulary: the ``--draft-vocab`` tokens most frequent in the responses; ``--intermediate-size`` narrows the
+head's MLP). The checkpoint is EAGLE-3's layout
 (``methods.eagle3.save_head``), loaded by ``method=eagle3 method.head=<out>``, with ``train_log.json`` beside it.
 """
 from __future__ import annotations
@@ -21,13 +22,15 @@ def main(argv=None) -> None:
     ap = arguments(__doc__.split("\n")[0], "eagle3", heads=False)
     ap.add_argument("--unroll", type=int, default=3, help="depths of the training-time test (EAGLE-3's: 7)")
     ap.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size (EAGLE-3's Llama-3: 32000)")
+    ap.add_argument("--intermediate-size", type=int, default=None,
+                    help="the head's MLP width (default and EAGLE-3's: the target's)")
     args = ap.parse_args(argv)
-    if args.unroll < 1 or args.draft_vocab < 1:
-        raise HarnessError("--unroll and --draft-vocab must be positive")
+    if args.unroll < 1 or args.draft_vocab < 1 or (args.intermediate_size is not None and args.intermediate_size < 1):
+        raise HarnessError("--unroll, --draft-vocab and --intermediate-size must be positive")
     run = prepared(args, "eagle3", layers=eagle3.feature_layers)
     model = run["model"]
     tokens = eagle3.draft_vocabulary(run["train"], args.draft_vocab)
-    head = eagle3.new_head(model.config, tokens)
+    head = eagle3.new_head(model.config, tokens, args.intermediate_size)
     embed = model.get_input_embeddings().requires_grad_(False)
     lm_head = model.get_output_embeddings().requires_grad_(False)
     result = eagle3.train(head, embed, lm_head, run["train"], run["val"], minutes=args.minutes, lr=args.lr,

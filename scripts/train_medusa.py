@@ -20,7 +20,7 @@ from evaluation.models import load_model
 from evaluation.run import compose_config, model_spec
 from methods import eagle_train, medusa
 from methods.common import ROOT, HarnessError, exit_on_error
-from methods.tree import load_template
+from methods.tree import HEADS_TREE, load_template
 from scripts.train_eagle import build_data
 
 
@@ -48,7 +48,7 @@ def prepared(args, kind: str, layers=None) -> dict:
     inputs the records hold too, EAGLE-3's): the model, its spec, the output folder, the training and
     held-out records, and the log's data entries."""
     if "heads" in vars(args):
-        args.heads = args.heads or load_template("medusa").max_depth
+        args.heads = args.heads or load_template(HEADS_TREE).max_depth
     if min(getattr(args, "heads", 1), args.positions, args.max_new_tokens, args.batch) < 1 or args.minutes <= 0:
         raise HarnessError("--minutes, --positions, --max-new-tokens, --batch (and --heads) must be positive")
     spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))

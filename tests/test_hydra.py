@@ -72,9 +72,12 @@ def test_missing_heads_and_shallow_heads_are_named(tiny_model, tmp_path):
         load_heads(str(tmp_path / "empty"), tiny_model.config)
     with pytest.raises(HarnessError, match="needs Hydra heads.*scripts.train_hydra"):
         build_proposer("hydra", {}, vocab_size=96, device=CPU, target=tiny_model)
-    save_hydra_heads(tmp_path / "h", tiny_model.config, heads=3)
-    with pytest.raises(HarnessError, match="tree 'medusa' has depth 4, but the Hydra head has 3 heads"):
-        build_proposer("hydra", {"head": str(tmp_path / "h")}, vocab_size=96, device=CPU, target=tiny_model)
+    save_hydra_heads(tmp_path / "h", tiny_model.config, heads=2)
+    with pytest.raises(HarnessError, match="tree 'medusa' has depth 4, but the Hydra head has 2 heads"):
+        build_proposer("hydra", {"head": str(tmp_path / "h"), "tree": "medusa"}, vocab_size=96, device=CPU,
+                       target=tiny_model)
+    p = build_proposer("hydra", {"head": str(tmp_path / "h")}, vocab_size=96, device=CPU, target=tiny_model)
+    assert p.tree.max_depth == 2 and p.tree.size == 39 and p.summary()["tree"] == "medusa to depth 2"
 
 
 @pytest.mark.parametrize("arch", ["mlp", "prefix-mlp"])

@@ -60,7 +60,7 @@ def test_sample_is_stratified():
     ["method=sam_eagle2", "method.total_tokens=20", "method.merge=true"],
     ["method=sps", "method.drafter=self:20", "method.topk=4", "method.schedule=constant"],  # 20 of 30 layers
     ["method=medusa"],                               # the shipped heads, Medusa's mc_sim_7b_63 tree
-    ["method=hydra"],                                # the shipped Hydra++-layout heads (prefix layer), the same tree
+    ["method=hydra"],                                # the shipped two mlp heads, that tree cut to depth 2
     ["method=eagle3"],                               # the shipped EAGLE-3 head (layers 2, 15, 27; 4096-token draft vocab)
     ["method=rest"],                                 # Spec-Bench's REST: spans 16..2, 64 drafts, the model's datastore
 ], ids=lambda o: ",".join(o))

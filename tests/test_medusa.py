@@ -50,10 +50,15 @@ def test_missing_files_and_configs_are_named(tiny_model, tmp_path):
         build_proposer("medusa", {}, vocab_size=96, device=CPU, target=tiny_model)
 
 
-def test_a_tree_deeper_than_the_heads_is_refused(tiny_model, tmp_path):
+def test_a_tree_deeper_than_the_heads_is_refused_and_the_default_is_cut_to_them(tiny_model, tmp_path):
     save_medusa_heads(tmp_path / "m", tiny_model.config, heads=3)
     with pytest.raises(HarnessError, match="tree 'medusa' has depth 4, but the Medusa head has 3 heads"):
-        build_proposer("medusa", {"head": str(tmp_path / "m")}, vocab_size=96, device=CPU, target=tiny_model)
+        build_proposer("medusa", {"head": str(tmp_path / "m"), "tree": "medusa"}, vocab_size=96, device=CPU,
+                       target=tiny_model)
+    p = build_proposer("medusa", {"head": str(tmp_path / "m")}, vocab_size=96, device=CPU, target=tiny_model)
+    full = load_template("medusa")
+    assert p.tree.max_depth == 3 and p.tree.parents == full.parents[:p.tree.size] and p.tree.size == 62
+    assert p.summary()["tree"] == "medusa to depth 3"
     with pytest.raises(HarnessError, match="needs method.topk > 9"):
         build_proposer("medusa", {"head": "random", "topk": 5}, vocab_size=96, device=CPU, target=tiny_model)
 

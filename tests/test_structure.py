@@ -1,7 +1,10 @@
-"""The import structure the code relies on: ``methods/`` a strict stack under ``evaluation/``, and nothing
-outside a method's module naming it."""
+"""The structure the code relies on: ``methods/`` a strict stack under ``evaluation/``, nothing outside a
+method's module naming it, and no large file committed."""
 import ast
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from methods.base import known_methods
 from methods.common import ROOT
@@ -56,3 +59,14 @@ def test_no_method_is_named_outside_its_module():
     for path in (ROOT / "evaluation").glob("*.py"):
         named = imports(path, top_level_only=False) & method_modules
         assert not named, f"{path.relative_to(ROOT)} imports {sorted(named)}"
+
+
+def test_no_tracked_file_is_over_12_mb():
+    """Large artefacts (model weights, caches) are found or downloaded, not committed: every file git tracks
+    stays under 12 MB (the embedded model's shipped heads included)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no tracked files to weigh")
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout.split(b"\0")
+    sizes = {n.decode(): (ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file()}
+    assert len(sizes) > 100, "git ls-files listed too few files to be this project"
+    assert not {n: s for n, s in sizes.items() if s >= 12_000_000}
