@@ -140,8 +140,9 @@ def test_lossless(deep, tmp_path, engine, draft_vocab):
 
 
 def test_trained_head_learns_the_targets_tokens_and_loads_back(deep, tmp_path):
-    """The trainer (training-time test over 2 depths, a 48-token draft vocabulary) on the tiny model's own greedy
-    continuations: depth 1's held-out accuracy rises; the saved head (fp16, d2t) loads back computing the same."""
+    """The trainer (training-time test over 2 depths, a 48-token draft vocabulary, an MLP narrower than the
+    target's) on the tiny model's own greedy continuations: depth 1's held-out accuracy rises; the saved head
+    (fp16, d2t, its own intermediate_size) loads back computing the same."""
     from methods import eagle3, eagle_train
 
     torch.manual_seed(0)
@@ -151,7 +152,7 @@ def test_trained_head_learns_the_targets_tokens_and_loads_back(deep, tmp_path):
         data = eagle_train.features(deep, seqs, [4] * len(seqs), CPU, layers=(2, 4, 5))
     tokens = eagle3.draft_vocabulary(data[8:], 48)
     assert len(tokens) == 48 and bool((tokens.diff() > 0).all())
-    head = eagle3.new_head(deep.config, tokens)
+    head = eagle3.new_head(deep.config, tokens, intermediate_size=deep.config.intermediate_size // 2)
     embed, lm_head = deep.get_input_embeddings(), deep.lm_head.requires_grad_(False)
     before = eagle3.validate(head, embed, data[:8], 2)
     log = eagle3.train(head, embed, lm_head, data[8:], data[:8], minutes=5, lr=3e-3, unroll=2, positions=16,
@@ -160,7 +161,7 @@ def test_trained_head_learns_the_targets_tokens_and_loads_back(deep, tmp_path):
     assert log["top1_per_depth"][0] > before[0] + 0.1, (before, log)
     eagle3.save_head(head, tmp_path / "trained", {"train_log.json": log})
     back = load_head(str(tmp_path / "trained"), deep.config).eval()
-    assert torch.equal(back.tokens(), tokens)
+    assert torch.equal(back.tokens(), tokens) and back.config.intermediate_size == deep.config.intermediate_size // 2
     assert eagle3.validate(back, embed, data[:8], 2) == pytest.approx(log["top1_per_depth"], abs=0.03)
 
 
