@@ -169,6 +169,24 @@ def references(arch: str, device, layers: int = 2) -> tuple:
     return random_model(arch, small=True, num_hidden_layers=layers, device=device), refs  # same seed, same weights
 
 
+def run_row(arch: str, model, engine, name: str, params: dict, i: int, ref: list[int], dtype, dev) -> dict:
+    """``name`` on prompt ``i`` against CPU greedy's ``ref``: its row of methods.csv (a divergence classified
+    as a near-tie of the model or a real mismatch; fp32 must be equal)."""
+    prompt = PROMPTS[i]
+    p = build_proposer(name, params, vocab_size=model.config.vocab_size, device=dev, target=model)
+    gen = generate(engine, p, prompt, max_new_tokens=NEW_TOKENS, stop_ids=set())
+    pos = first_divergence(gen.token_ids, ref)
+    kind, why = "", ""
+    if pos is not None and pos < min(len(gen.token_ids), len(ref)):
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt + ref[:pos]], device=dev), logits_to_keep=1).logits[0, -1]
+        kind, why = classify(logits, ref[pos], gen.token_ids[pos], dtype)
+    ok = pos is None if dtype == torch.float32 else kind != "real mismatch"
+    return {"arch": arch, "dtype": str(dtype).removeprefix("torch."), "engine": engine.name, "method": name,
+            "prompt": i, "equal": pos is None, "first_divergence": "" if pos is None else pos, "kind": kind,
+            "mat": round(len(gen.token_ids) / len(gen.accept_lengths), 3), "ok": ok, "why": why}
+
+
 def methods(check: Check, archs) -> str:
     dev, rows = check.device, []
     rest_datastore()
@@ -178,28 +196,15 @@ def methods(check: Check, archs) -> str:
             model = model.to(dtype)
             for engine in (HFEngine(model), StaticEngine(model)):
                 for name, params in METHODS:
-                    for i, (prompt, ref) in enumerate(zip(PROMPTS, refs)):
+                    for i, ref in enumerate(refs):
                         if check.left() < 10:
                             check.csv("methods.csv", rows)
                             return f"FAILED: out of time after {len(rows)} runs"
-                        p = build_proposer(name, params, vocab_size=model.config.vocab_size, device=dev, target=model)
-                        gen = generate(engine, p, prompt, max_new_tokens=NEW_TOKENS, stop_ids=set())
-                        pos = first_divergence(gen.token_ids, ref)
-                        kind, why = "", ""
-                        if pos is not None and pos < min(len(gen.token_ids), len(ref)):
-                            with torch.inference_mode():
-                                ids = torch.tensor([prompt + ref[:pos]], device=dev)
-                                logits = model(ids, logits_to_keep=1).logits[0, -1]
-                            kind, why = classify(logits, ref[pos], gen.token_ids[pos], dtype)
-                        ok = pos is None if dtype == torch.float32 else kind != "real mismatch"
-                        rows.append({"arch": arch, "dtype": str(dtype).removeprefix("torch."), "engine": engine.name,
-                                     "method": name, "prompt": i, "equal": pos is None,
-                                     "first_divergence": "" if pos is None else pos, "kind": kind,
-                                     "mat": round(len(gen.token_ids) / len(gen.accept_lengths), 3), "ok": ok,
-                                     "why": why})
-                        if pos is not None:
-                            print(f"{arch} {rows[-1]['dtype']} {engine.name} {name} prompt {i}: diverges at {pos}: "
-                                  f"{kind or 'fp32 mismatch'} ({why})")
+                        rows.append(run_row(arch, model, engine, name, params, i, ref, dtype, dev))
+                        if not rows[-1]["equal"]:
+                            r = rows[-1]
+                            print(f"{arch} {r['dtype']} {engine.name} {name} prompt {i}: diverges at "
+                                  f"{r['first_divergence']}: {r['kind'] or 'fp32 mismatch'} ({r['why']})")
                 done = rows[-len(METHODS) * len(PROMPTS):]
                 mats = ", ".join(f"{r['method']} {r['mat']}" for r in done[::len(PROMPTS)])
                 print(f"{arch} {done[0]['dtype']} {engine.name}: {sum(r['equal'] for r in done)}/{len(done)} "
@@ -212,17 +217,9 @@ def methods(check: Check, archs) -> str:
 def eagle3(check: Check, arch: str) -> str:
     """EAGLE-3 (a random head) on both engines, fp32: it reads layers 2, L/2 and L-3, so an 8-layer model."""
     model, refs = references(arch, check.device, layers=8)
-    rows = []
-    for engine in (HFEngine(model), StaticEngine(model)):
-        for i, (prompt, ref) in enumerate(zip(PROMPTS, refs)):
-            p = build_proposer("eagle3", {"head": "random", "total_tokens": 30}, vocab_size=model.config.vocab_size,
-                               device=check.device, target=model)
-            gen = generate(engine, p, prompt, max_new_tokens=NEW_TOKENS, stop_ids=set())
-            pos = first_divergence(gen.token_ids, ref)
-            rows.append({"arch": f"{arch} (8 layers)", "dtype": "float32", "engine": engine.name, "method": "eagle3",
-                         "prompt": i, "equal": pos is None, "first_divergence": "" if pos is None else pos,
-                         "kind": "", "mat": round(len(gen.token_ids) / len(gen.accept_lengths), 3),
-                         "ok": pos is None, "why": ""})
+    rows = [run_row(f"{arch} (8 layers)", model, engine, "eagle3", {"head": "random", "total_tokens": 30}, i, ref,
+                    torch.float32, check.device)
+            for engine in (HFEngine(model), StaticEngine(model)) for i, ref in enumerate(refs)]
     check.csv("methods.csv", rows)
     bad = sum(not r["ok"] for r in rows)
     return f"FAILED: {bad} of {len(rows)} runs differ" if bad else f"ok: {len(rows)} runs as required"
