@@ -33,7 +33,7 @@ run: setup
 	$(PY) -m evaluation.report $(SMOKE) --out results/reports/smoke
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # Tests marked slow left out (pyproject.toml's markers: the embedded model end to end, subprocesses, training,
 # compilation). One OpenMP thread: the tiny models gain nothing from more, and on a busy 2-core machine two

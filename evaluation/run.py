@@ -218,6 +218,7 @@ class Runner:
         return out
 
     def answer(self, q: Question) -> dict:
+        self.engine.use_threads()  # its own thread count, whatever another runner in this process set
         answers, turns = [], []
         for i in range(len(q.turns)):
             ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), answers)

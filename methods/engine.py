@@ -37,14 +37,22 @@ Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`
     On CUDA, grouped K/V heads are expanded before attention: with a mask no fused
     kernel takes ``enable_gqa`` (``sdpa_backend``; ``summary()`` records the kernel).
 
+Both run on the CPU with ``engine.threads`` threads: ``auto`` takes ``OMP_NUM_THREADS`` where it is
+set (a launcher running jobs side by side sets it), else times a few forwards with each candidate
+count at the start and keeps the fastest (``choose_threads``).
+
 Both compute the same function; tokens can differ only where two logits tie to
 within rounding (``evaluation.equal`` shows where).
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +60,7 @@ import torch.nn.functional as F
 from methods import kv
 from methods.common import CACHE, HarnessError, write_json_atomic
 from methods.ops import Linear, can_pack, fp32_rotary, rotate_half, sync
-from methods.params import param, parse
+from methods.params import AUTO, param, parse
 from methods.tree import Tree, tree_mask
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -69,6 +77,28 @@ class Engine:
         self.model = fp32_rotary(model)
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
+        self.threads: int | None = None  # engine.threads as applied; None: torch's count as found
+        self.thread_choice: dict | None = None  # engine.threads=auto: how it was chosen (choose_threads)
+
+    def set_threads(self, threads: int | str | None) -> None:
+        """engine.threads: ``N`` threads, or ``auto``: on the CPU, ``OMP_NUM_THREADS`` where the environment sets
+        it, else the fastest count measured at the start (``choose_threads``); None leaves torch's count."""
+        if threads is None or (threads == AUTO and self.device.type != "cpu"):
+            return
+        if threads == AUTO:
+            if os.environ.get("OMP_NUM_THREADS"):
+                self.thread_choice = {"threads": torch.get_num_threads(), "from": "OMP_NUM_THREADS"}
+            else:
+                self.thread_choice = choose_threads(self)
+            threads = self.thread_choice["threads"]
+        self.threads = threads
+        self.use_threads()
+
+    def use_threads(self) -> None:
+        """Make torch run with this engine's thread count again (a process-wide setting: another engine in the
+        same process, a side-by-side benchmark's, may have changed it)."""
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     def start(self, capacity: int) -> None:
         raise NotImplementedError
@@ -103,8 +133,13 @@ class Engine:
         cfg = self.model.config
         heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        return {"name": self.name, "attention": sdpa_backend(heads, kv_heads, head_dim, self.dtype, self.device,
-                                                             expand_kv=self.expand_kv)}
+        out = {"name": self.name, "attention": sdpa_backend(heads, kv_heads, head_dim, self.dtype, self.device,
+                                                            expand_kv=self.expand_kv)}
+        if self.device.type == "cpu":
+            out["threads"] = self.threads or torch.get_num_threads()
+        if self.thread_choice is not None:
+            out["thread_choice"] = self.thread_choice
+        return out
 
 
 def sdpa_backend(heads: int, kv_heads: int, head_dim: int, dtype, device, expand_kv: bool) -> dict:
@@ -137,9 +172,10 @@ class HFEngine(Engine):
     name = "hf"
     expand_kv = True  # transformers expands grouped K/V heads itself when a mask is passed (its use_gqa_in_sdpa)
 
-    def __init__(self, model):
+    def __init__(self, model, *, threads: int | str | None = None):
         super().__init__(model)
         self.cache = None
+        self.set_threads(threads)
 
     def start(self, capacity: int) -> None:
         self.cache = kv.new_cache(self.model)
@@ -223,7 +259,8 @@ class StaticEngine(Engine):
 
     name = "static"
 
-    def __init__(self, model, *, pack: bool | None = None, compile: bool = False, mode: str = "default"):
+    def __init__(self, model, *, pack: bool | None = None, compile: bool = False, mode: str = "default",
+                 threads: int | str | None = None):
         super().__init__(model)
         cfg = model.config
         if cfg.model_type != "llama":
@@ -249,6 +286,7 @@ class StaticEngine(Engine):
         self.graphs: dict[int, float] = {}  # compiled step size -> seconds its compilation took (prepare)
         self.late: set[int] = set()  # sizes compiled inside a timed step (a proposer that did not declare them)
         self.pack_choice: dict | None = None  # engine.pack=auto: what was measured (choose_pack)
+        self.set_threads(threads)  # first: the pack choice is timed, and cached, for the thread count used
         if auto and self.pack:  # measured; not under compile, whose graphs take the plain weights
             self.pack_choice = choose_pack(self)
             self._use_pack(self.pack_choice["pack"])
@@ -392,50 +430,68 @@ class StaticEngine(Engine):
         self.cache.commit(start, path)
 
 
-PACK_SIZES = (1, 8, 32)  # tokens per forward timed by choose_pack: a plain step, a small and a large draft
-PACK_CONTEXT = 128  # cached tokens while timing
-PACK_REPEATS = 5
-PACK_CACHE = CACHE / "engine"
+TIMED_SIZES = (1, 8, 32)  # tokens per forward timed by choose_pack and choose_threads: a plain step, two drafts
+TIMED_CONTEXT = 128  # cached tokens while timing
+TIMED_REPEATS = 5
+CHOICES = CACHE / "engine"  # the pack choices, one file per machine kind, thread count, dtype and shape
 
 
 @torch.inference_mode()
-def time_pack(engine: "StaticEngine", sizes=PACK_SIZES, repeats: int = PACK_REPEATS) -> dict[str, dict[int, float]]:
-    """The fastest of ``repeats`` forwards of N tokens (a causal chain) after ``PACK_CONTEXT`` cached ones, with
-    the packed and the plain weights, in milliseconds. The two are interleaved, so that a shared machine's
-    slow spell falls on both."""
+def time_variants(engine: Engine, variants: dict[str, Callable[[], None]], sizes=TIMED_SIZES,
+                  repeats: int = TIMED_REPEATS) -> dict[str, dict[int, float]]:
+    """The fastest of ``repeats`` forwards of N tokens (a causal chain) after ``TIMED_CONTEXT`` cached ones under
+    each variant (a function that switches the engine to it: packed weights, a thread count), in milliseconds.
+    The variants are interleaved, so that a shared machine's slow spell falls on all of them."""
     gen = torch.Generator().manual_seed(0)
     vocab = engine.model.config.vocab_size
-    engine.start(PACK_CONTEXT + max(sizes))
-    engine.forward(torch.randint(vocab, (PACK_CONTEXT,), generator=gen).to(engine.device), last_only=True)
-    best = {"packed": {n: float("inf") for n in sizes}, "plain": {n: float("inf") for n in sizes}}
+    engine.start(TIMED_CONTEXT + max(sizes))
+    engine.forward(torch.randint(vocab, (TIMED_CONTEXT,), generator=gen).to(engine.device), last_only=True)
+    best = {label: {n: float("inf") for n in sizes} for label in variants}
     for i in range(repeats + 1):
-        for label in best:
-            engine._use_pack(label == "packed")
+        for label, use in variants.items():
+            use()
             for n in sizes:
                 tokens = torch.randint(vocab, (n,), generator=gen).to(engine.device)
                 t = time.perf_counter()
                 engine.forward(tokens)
-                if i:  # the first round warms both up
+                sync(engine.device)
+                if i:  # the first round warms every variant up
                     best[label][n] = min(best[label][n], 1000 * (time.perf_counter() - t))
-                engine.commit(PACK_CONTEXT, [])
+                engine.commit(TIMED_CONTEXT, [])
     return best
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _shape(engine: Engine) -> str:
+    cfg = engine.model.config
+    return f"{cfg.num_hidden_layers}x{cfg.hidden_size}x{cfg.intermediate_size}x{cfg.vocab_size}"
+
+
+def _timing(t0: float) -> dict:
+    """How a choice was measured, for the run summary."""
+    return {"sizes": list(TIMED_SIZES), "context": TIMED_CONTEXT, "fastest_of": TIMED_REPEATS,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _rounded(ms: dict[str, dict[int, float]]) -> dict:
+    return {k: {n: round(v, 2) for n, v in row.items()} for k, row in ms.items()}
 
 
 def choose_pack(engine: "StaticEngine") -> dict:
     """engine.pack=auto: pack the weights for oneDNN only where that measured faster on this machine.
 
     Which wins depends on the CPU (packing won 1.8-2.4x for the MLP weights on an AVX-512 EPYC, 1.1-1.5x on an
-    AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon), so it is timed (``time_pack``), once per machine kind, thread count, dtype and model shape, and
-    cached in ``data/cache/engine/``. Packed is chosen when its times over ``PACK_SIZES`` have a geometric
-    mean below the plain ones'. The choice and its timings go into the run summary."""
-    import json
-    import math
-
+    AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon), so it is timed (``time_variants``), once per machine
+    kind, thread count, dtype and model shape, and cached in ``data/cache/engine/``. Packed is chosen when its
+    times over ``TIMED_SIZES`` have a geometric mean below the plain ones'. The choice and its timings go into
+    the run summary."""
     from methods.machine import machine_key
 
-    cfg = engine.model.config
-    shape = f"{cfg.num_hidden_layers}x{cfg.hidden_size}x{cfg.intermediate_size}x{cfg.vocab_size}"
-    file = PACK_CACHE / f"pack-{machine_key()}-{str(engine.dtype).removeprefix('torch.')}-{shape}.json"
+    file = CHOICES / f"pack-{machine_key()}-{str(engine.dtype).removeprefix('torch.')}-{_shape(engine)}.json"
     try:
         cached = json.loads(file.read_text())
         if isinstance(cached, dict) and isinstance(cached.get("pack"), bool):
@@ -443,12 +499,9 @@ def choose_pack(engine: "StaticEngine") -> dict:
     except (OSError, ValueError):
         pass  # none yet, or unreadable: measured (again)
     t0 = time.perf_counter()
-    ms = time_pack(engine)
-    ratio = math.exp(sum(math.log(ms["packed"][n] / ms["plain"][n]) for n in PACK_SIZES) / len(PACK_SIZES))
-    choice = {"pack": ratio < 1, "packed_vs_plain": round(ratio, 3),
-              "ms": {k: {n: round(v, 2) for n, v in row.items()} for k, row in ms.items()},
-              "measured": {"sizes": list(PACK_SIZES), "context": PACK_CONTEXT, "fastest_of": PACK_REPEATS,
-                           "seconds": round(time.perf_counter() - t0, 1)}}
+    ms = time_variants(engine, {"packed": partial(engine._use_pack, True), "plain": partial(engine._use_pack, False)})
+    ratio = geomean(ms["packed"][n] / ms["plain"][n] for n in TIMED_SIZES)
+    choice = {"pack": ratio < 1, "packed_vs_plain": round(ratio, 3), "ms": _rounded(ms), "measured": _timing(t0)}
     try:
         write_json_atomic(file, choice, indent=1)
     except OSError:
@@ -456,9 +509,57 @@ def choose_pack(engine: "StaticEngine") -> dict:
     return choice
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container's or a job's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_counts(cores: int) -> list[int]:
+    """engine.threads=auto's candidates: the powers of two below ``cores``, and ``cores``."""
+    return sorted({1 << i for i in range(cores.bit_length()) if 1 << i < cores} | {cores})
+
+
+_THREADS: dict[tuple, dict] = {}  # engine.threads=auto's choices made in this process
+
+
+def choose_threads(engine: Engine) -> dict:
+    """engine.threads=auto: the thread count whose forwards over ``TIMED_SIZES`` have the lowest geometric mean
+    (``time_variants``; the static engine's weights packed where they can be). More threads are not always
+    faster: a one-token step of a small model mostly reads weights and gains little from a second thread, a
+    step of many tokens computes enough to gain, and a core that another job holds makes every count that
+    needs it slow. That last makes the choice a property of the moment as much as of the machine, so it is
+    timed once per process (per dtype and model shape: every runner of a side-by-side benchmark, whatever its
+    engine, gets the same count) and never cached on disk, unlike the pack choice."""
+    cores = usable_cores()
+    counts = thread_counts(cores)
+    if len(counts) == 1:
+        return {"threads": cores, "from": "one core"}
+    key = (str(engine.dtype), _shape(engine), cores)
+    if key in _THREADS:
+        return _THREADS[key] | {"from": "measured earlier in this process"}
+    before, t0 = torch.get_num_threads(), time.perf_counter()
+    try:
+        ms = time_variants(engine, {str(n): partial(torch.set_num_threads, n) for n in counts})
+    finally:
+        torch.set_num_threads(before)
+    mean = {n: geomean(ms[str(n)].values()) for n in counts}
+    best = min(counts, key=mean.get)
+    _THREADS[key] = {"threads": best, "vs_fastest": {n: round(mean[n] / mean[best], 3) for n in counts},
+                     "ms": _rounded(ms), "measured": _timing(t0)}
+    return _THREADS[key]
+
+
+def _threads():
+    return param(AUTO, "CPU threads: auto takes OMP_NUM_THREADS where it is set, else the count that times fastest "
+                 "at the start (once per process, in the run summary)", low=1, auto=True)
+
+
 @dataclass
 class HFParams:
-    """No parameters."""
+    threads: int | str = _threads()
 
 
 @dataclass
@@ -471,6 +572,7 @@ class StaticParams:
                           "(results/MEASUREMENTS.md)")
     compile_mode: str = param("default", "torch.compile's mode; reduce-overhead adds CUDA graphs on a GPU",
                               choices=COMPILE_MODES)
+    threads: int | str = _threads()
 
 
 ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams}  # engine=NAME: the declarations (methods.params)
@@ -483,8 +585,13 @@ def build_engine(model, params: dict) -> Engine:
     if name not in ENGINE_PARAMS:
         raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINE_PARAMS)}")
     p = parse(ENGINE_PARAMS[name], params, f"engine '{name}'", prefix="engine")
+    cores = usable_cores()
+    if p.threads != AUTO and p.threads > cores:
+        raise HarnessError(f"engine.threads={p.threads} but this process may use {cores} CPU core(s): more threads "
+                           f"than cores only contend for them; set engine.threads=auto or at most {cores}")
     if name == "hf":
-        return HFEngine(model)
+        return HFEngine(model, threads=p.threads)
     if p.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
-    return StaticEngine(model, pack=None if p.pack == "auto" else p.pack, compile=p.compile, mode=p.compile_mode)
+    return StaticEngine(model, pack=None if p.pack == AUTO else p.pack, compile=p.compile, mode=p.compile_mode,
+                        threads=p.threads)

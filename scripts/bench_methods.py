@@ -125,6 +125,7 @@ def bench(args, out: Path) -> int:
     for label, recs in records.items():
         write_jsonl_atomic(out / label / ANSWERS, recs)
         r = runners[label]
+        r.engine.use_threads()  # the environment below records the thread count this method ran with
         OmegaConf.save(run_cfgs[label], out / label / "config.yaml", resolve=True)  # evaluation.equal rebuilds from it
         write_json_atomic(out / label / SUMMARY, {
             "status": "finished", "model": r.spec.name, "method": GENERATE if label == GENERATE else r.method,

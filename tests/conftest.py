@@ -17,6 +17,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from evaluation.models import ModelSpec, load_model
 from methods.common import ROOT, HarnessError, exit_on_error
 
+# engine.threads=auto keeps OMP_NUM_THREADS where it is set: the suite (and the command lines it starts) runs with
+# the thread count it started with instead of timing one per model shape; tests/test_machine.py times it.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
 
 # --- helpers --------------------------------------------------------------------------------------------
 

@@ -1,13 +1,15 @@
-"""Speed on every machine kind: the machine said in every summary, engine.pack=auto chosen by measurement and
-cached per machine kind, reports that refuse to divide timings taken on different machines."""
+"""Speed on every machine kind: the machine said in every summary, engine.pack=auto and engine.threads=auto chosen
+by measurement and cached per machine kind, reports that refuse to divide timings taken on different machines."""
 import copy
 import json
+import os
 
 import pytest
 import torch
 
 from methods import engine as engine_mod
 from methods import machine
+from methods.common import HarnessError
 from methods.engine import HFEngine, StaticEngine, build_engine
 
 
@@ -33,11 +35,11 @@ def test_the_machine_is_read_from_the_cpu():
 
 
 def test_pack_auto_is_chosen_by_measurement_and_cached(tiny_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "PACK_CACHE", tmp_path)
+    monkeypatch.setattr(engine_mod, "CHOICES", tmp_path)
     first = StaticEngine(tiny_model)
     choice = first.pack_choice
     ms = choice["ms"]
-    assert set(ms) == {"packed", "plain"} and all(set(row) == set(engine_mod.PACK_SIZES) for row in ms.values())
+    assert set(ms) == {"packed", "plain"} and all(set(row) == set(engine_mod.TIMED_SIZES) for row in ms.values())
     assert all(v > 0 for row in ms.values() for v in row.values())
     assert choice["pack"] == (choice["packed_vs_plain"] < 1) and first.pack == choice["pack"]
     assert all(lin.use_packed == choice["pack"] for lin in first._linears())
@@ -62,12 +64,83 @@ def test_pack_auto_is_chosen_by_measurement_and_cached(tiny_model, tmp_path, mon
 
 
 def test_pack_is_measured_only_where_it_is_a_choice(tiny_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "PACK_CACHE", tmp_path)
+    monkeypatch.setattr(engine_mod, "CHOICES", tmp_path)
     assert StaticEngine(tiny_model, pack=False).pack_choice is None  # told: nothing timed
     assert StaticEngine(tiny_model, pack=True).pack_choice is None
     half = build_engine(copy.deepcopy(tiny_model).half(), {"name": "static", "pack": "auto"})
     assert half.pack is False and half.pack_choice is None  # fp16 on the CPU: oneDNN cannot pack it
     assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def threads_kept():
+    """Restores torch's thread count after a test that sets it (a process-wide setting)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_thread_candidates():
+    assert engine_mod.thread_counts(1) == [1] and engine_mod.thread_counts(2) == [1, 2]
+    assert engine_mod.thread_counts(6) == [1, 2, 4, 6] and engine_mod.thread_counts(16) == [1, 2, 4, 8, 16]
+    assert 1 <= engine_mod.usable_cores() <= (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("name", ["static", "hf"])
+def test_threads_auto_is_chosen_by_measurement_once_per_process(name, tiny_model, tmp_path, monkeypatch,
+                                                               threads_kept):
+    monkeypatch.setattr(engine_mod, "CHOICES", tmp_path)
+    monkeypatch.setattr(engine_mod, "_THREADS", {})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = max(2, engine_mod.usable_cores())  # a one-core machine still times 1 against 2
+    monkeypatch.setattr(engine_mod, "usable_cores", lambda: cores)
+    torch.set_num_threads(cores)
+    first = build_engine(tiny_model, {"name": name, "threads": "auto"})
+    choice = first.thread_choice
+    counts = engine_mod.thread_counts(cores)
+    assert set(choice["ms"]) == {str(n) for n in counts}
+    assert all(set(row) == set(engine_mod.TIMED_SIZES) and min(row.values()) > 0 for row in choice["ms"].values())
+    means = {n: engine_mod.geomean(choice["ms"][str(n)].values()) for n in counts}
+    assert choice["threads"] == min(counts, key=means.get) and choice["vs_fastest"][choice["threads"]] == 1
+    assert first.threads == choice["threads"] == torch.get_num_threads()
+    assert first.summary()["threads"] == choice["threads"] and first.summary()["thread_choice"] == choice
+    if name == "static":  # the pack choice is timed, and cached, for the thread count chosen
+        assert [f.name for f in tmp_path.iterdir()] and all(
+            f.name.startswith(f"pack-{machine.kind()}-t{choice['threads']}-") for f in tmp_path.iterdir())
+    else:
+        assert not list(tmp_path.iterdir())  # the thread count itself is never cached on disk
+    # The next engine of this process, of either kind, takes the same count without timing again; another dtype
+    # is timed for itself.
+    torch.set_num_threads(cores + 1 - choice["threads"])  # as another runner would leave it
+    other = "hf" if name == "static" else "static"
+    second = build_engine(tiny_model, {"name": other, "threads": "auto"})
+    assert second.thread_choice == {**choice, "from": "measured earlier in this process"}
+    assert second.threads == choice["threads"] == torch.get_num_threads()
+    half = build_engine(copy.deepcopy(tiny_model).to(torch.bfloat16), {"name": name, "threads": "auto"})
+    assert "from" not in half.thread_choice and len(engine_mod._THREADS) == 2
+    # Side by side in one process, each engine runs with its own count again.
+    torch.set_num_threads(cores + 1 - choice["threads"])
+    first.use_threads()
+    assert torch.get_num_threads() == first.threads
+
+
+def test_threads_follow_the_environment_or_the_config(tiny_model, monkeypatch, threads_kept):
+    monkeypatch.setattr(engine_mod, "_THREADS", {})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a launcher's or the user's choice: kept, nothing timed
+    torch.set_num_threads(1)
+    eng = build_engine(tiny_model, {"name": "static", "threads": "auto", "pack": False})
+    assert eng.thread_choice == {"threads": 1, "from": "OMP_NUM_THREADS"} and eng.summary()["threads"] == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cores = engine_mod.usable_cores()
+    eng = build_engine(tiny_model, {"name": "hf", "threads": cores})
+    assert eng.threads == cores == torch.get_num_threads() and eng.thread_choice is None
+    with pytest.raises(HarnessError, match=rf"engine.threads={cores + 1} but this process may use {cores} CPU "
+                                           rf"core\(s\).*engine.threads=auto or at most {cores}"):
+        build_engine(tiny_model, {"name": "static", "threads": cores + 1})
+    with pytest.raises(HarnessError, match="engine.threads must be an integer from 1 or auto, got 0"):
+        build_engine(tiny_model, {"name": "static", "threads": 0})
+    assert HFEngine(tiny_model).threads is None  # built in code without the setting: torch's count, untouched
+    assert not engine_mod._THREADS  # nothing was timed
 
 
 def test_every_summary_says_which_machine(tmp_path):
@@ -85,7 +158,6 @@ def _run(folder, cpu):
 
 def test_a_report_refuses_speedups_across_machines(tmp_path):
     from evaluation import report as rp
-    from methods.common import HarnessError
 
     here = machine.cpu()
     other = {**here, "model": "Intel Xeon", "id": "6/143/8", "isa": here["isa"] + ["amx_bf16"],
