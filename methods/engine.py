@@ -537,7 +537,8 @@ def choose_threads(engine: Engine) -> dict:
     counts = thread_counts(cores)
     if len(counts) == 1:
         return {"threads": cores, "from": "one core"}
-    key = (str(engine.dtype), _shape(engine), cores)
+    cfg = engine.model.config  # any architecture the hf engine runs: its type and size, not Llama's fields
+    key = (str(engine.dtype), cfg.model_type, sum(p.numel() for p in engine.model.parameters()), cores)
     if key in _THREADS:
         return _THREADS[key] | {"from": "measured earlier in this process"}
     before, t0 = torch.get_num_threads(), time.perf_counter()

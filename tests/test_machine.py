@@ -124,6 +124,21 @@ def test_threads_auto_is_chosen_by_measurement_once_per_process(name, tiny_model
     assert torch.get_num_threads() == first.threads
 
 
+def test_threads_auto_times_any_architecture_the_hf_engine_runs(monkeypatch, threads_kept):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    monkeypatch.setattr(engine_mod, "_THREADS", {})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = max(2, engine_mod.usable_cores())
+    monkeypatch.setattr(engine_mod, "usable_cores", lambda: cores)
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, bos_token_id=0,
+                                      eos_token_id=0)).eval()
+    eng = build_engine(gpt2, {"name": "hf", "threads": "auto"})
+    assert set(eng.thread_choice["ms"]) == {str(n) for n in engine_mod.thread_counts(cores)}
+    assert eng.threads == eng.thread_choice["threads"] == torch.get_num_threads()
+
+
 def test_threads_follow_the_environment_or_the_config(tiny_model, monkeypatch, threads_kept):
     monkeypatch.setattr(engine_mod, "_THREADS", {})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a launcher's or the user's choice: kept, nothing timed
