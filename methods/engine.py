@@ -531,7 +531,7 @@ def choose_threads(engine: Engine) -> dict:
     faster: a one-token step of a small model mostly reads weights and gains little from a second thread, a
     step of many tokens computes enough to gain, and a core that another job holds makes every count that
     needs it slow. That last makes the choice a property of the moment as much as of the machine, so it is
-    timed once per process (per dtype and model shape: every runner of a side-by-side benchmark, whatever its
+    timed once per process (per model and dtype: every runner of a side-by-side benchmark, whatever its
     engine, gets the same count) and never cached on disk, unlike the pack choice."""
     cores = usable_cores()
     counts = thread_counts(cores)
