@@ -59,6 +59,7 @@ import torch.nn.functional as F
 
 from methods import kv
 from methods.common import CACHE, HarnessError, write_json_atomic
+from methods.machine import usable_cores
 from methods.ops import Linear, can_pack, fp32_rotary, rotate_half, sync
 from methods.params import AUTO, param, parse
 from methods.tree import Tree, tree_mask
@@ -85,6 +86,10 @@ class Engine:
         it, else the fastest count measured at the start (``choose_threads``); None leaves torch's count."""
         if threads is None or (threads == AUTO and self.device.type != "cpu"):
             return
+        cores = usable_cores()
+        if threads != AUTO and threads > cores:
+            raise HarnessError(f"engine.threads={threads} but this process may use {cores} CPU core(s): more threads "
+                               f"than cores only contend for them; set engine.threads=auto or at most {cores}")
         if threads == AUTO:
             if os.environ.get("OMP_NUM_THREADS"):
                 self.thread_choice = {"threads": torch.get_num_threads(), "from": "OMP_NUM_THREADS"}
@@ -509,14 +514,6 @@ def choose_pack(engine: "StaticEngine") -> dict:
     return choice
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity: a container's or a job's share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def thread_counts(cores: int) -> list[int]:
     """engine.threads=auto's candidates: the powers of two below ``cores``, and ``cores``."""
     return sorted({1 << i for i in range(cores.bit_length()) if 1 << i < cores} | {cores})
@@ -586,10 +583,6 @@ def build_engine(model, params: dict) -> Engine:
     if name not in ENGINE_PARAMS:
         raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINE_PARAMS)}")
     p = parse(ENGINE_PARAMS[name], params, f"engine '{name}'", prefix="engine")
-    cores = usable_cores()
-    if p.threads != AUTO and p.threads > cores:
-        raise HarnessError(f"engine.threads={p.threads} but this process may use {cores} CPU core(s): more threads "
-                           f"than cores only contend for them; set engine.threads=auto or at most {cores}")
     if name == "hf":
         return HFEngine(model, threads=p.threads)
     if p.compile:

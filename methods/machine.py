@@ -46,6 +46,14 @@ def cpu() -> dict:
             "threads": torch.get_num_threads(), "kind": kind()}
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container's or a job's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def kind() -> str:
     """A short name for the machine kind: the widest vector ISA and the matrix/bf16 extensions, e.g.
     ``avx2``, ``avx512+bf16``, ``avx512+bf16+amx``."""
