@@ -32,14 +32,17 @@ run: setup
 	for m in $(METHODS); do $(PY) -m evaluation.equal $(SMOKE)/vanilla $(SMOKE)/$$m || exit 1; done
 	$(PY) -m evaluation.report $(SMOKE) --out results/reports/smoke
 
+# One worker per core (pytest-xdist), each on one OpenMP thread: most tests are small models whose steps gain
+# nothing from a second thread, and two multi-threaded processes on two cores wait on each other.
+XDIST := -n auto --dist load
 test: setup
-	$(PY) -m pytest -q --durations=15
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=15; rc=$$?; \
+		echo "make test: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
 # Tests marked slow left out (pyproject.toml's markers: the embedded model end to end, subprocesses, training,
-# compilation). One OpenMP thread: the tiny models gain nothing from more, and on a busy 2-core machine two
-# threads wait on each other (the tier then takes ten times longer).
+# compilation).
 test-fast: setup
-	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"; rc=$$?; \
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not slow"; rc=$$?; \
 		echo "make test-fast: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
 # Side by side in one process on 2 questions per task: HF generate, vanilla on both engines, TR with the paper

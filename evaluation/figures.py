@@ -11,7 +11,7 @@ import pandas as pd
 
 from evaluation.data import TASKS
 from evaluation.metrics import OVERALL, accept_histogram
-from evaluation.runs import Group, bench_line
+from evaluation.report_runs import Group, bench_line
 from methods.common import atomic
 
 SHORT_NAMES = {"mt_bench": "MT-Bench", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",

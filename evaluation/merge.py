@@ -32,7 +32,7 @@ def merge(shard_dirs: list[Path], out: Path) -> Path:
 
 
 def _merge(shard_dirs: list[Path], out: Path) -> Path:
-    from evaluation.run import RESULT_NEUTRAL, config_mismatch
+    from evaluation.config import RESULT_NEUTRAL, config_mismatch
 
     summaries = []
     for d in shard_dirs:

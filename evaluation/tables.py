@@ -7,7 +7,7 @@ import pandas as pd
 
 from evaluation.data import TASKS
 from evaluation.metrics import OVERALL, depth_acceptance, drafter_table, repeat_table
-from evaluation.runs import Group
+from evaluation.report_runs import Group
 
 TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
               "qa": "QA", "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}

@@ -1,4 +1,7 @@
-"""Decoding methods: one shared engine (tree, verifier, loop, KV cache) and one small proposer per method."""
-# each method's module registers it
-from methods import eagle, eagle3, hydra, lookahead, medusa, pld, rest, sam, sps, tr, vanilla  # noqa: F401
-from methods.base import Draft, Proposer, Verification, build_proposer, known_methods  # noqa: F401
+"""Decoding methods: one shared engine (tree, verifier, loop, KV cache) and one small proposer per method.
+
+``methods/`` is a stack: what every part uses at the top of the package (``common``, ``params``, ``tree``,
+``sampling``, ``base``, ``verify``, ``decode``, ...), the engines in ``engine/``, the draft heads in ``heads/``, one
+module per method in ``proposers/`` (the registry, ``methods.base.registry``, finds them there). ``python -m
+methods`` lists every method's and engine's parameters. Nothing here imports ``evaluation/`` or ``scripts/``.
+"""

@@ -32,7 +32,7 @@ import time
 import torch
 
 from methods.base import Draft
-from methods.ops import sync
+from methods.engine.ops import sync
 from methods.tree import Tree, grow_tree
 from methods.verify import verify
 

@@ -5,8 +5,8 @@ a draft tree, the shared verifier (``methods.verify``) checks the tree in one
 forward pass, and the proposer learns from the result.
 
 Adding a method touches its own module only: a ``Proposer`` subclass with its ``Params``
-declaration (``methods.params``), decorated with ``@register`` and imported by
-``methods/__init__.py`` (or by whoever uses it, for a method that lives elsewhere). The runner
+declaration (``methods.params``), decorated with ``@register``, in a module of ``methods/proposers/`` (found
+there by ``registry``; a method that lives elsewhere is registered when its module is imported). The runner
 names no method: what a method must do before the first question (TR's ``tree=auto``
 calibration) goes in its ``prepare`` hook, and what it leaves beside the answers (the chosen
 tree) in its ``artefacts`` hook.
@@ -114,6 +114,15 @@ class Proposer:
     wants_sampler: bool = False  # True: the loop sets ``sampler`` (the turn's methods.sampling.Sampler, or None
     #                              when greedy) before ``reset``, for a proposer that samples its drafts
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
+    min_layers: ClassVar[int] = 1  # the fewest decoder layers a target may have (EAGLE-3 reads layers 2, L/2, L-3)
+
+    @classmethod
+    def example(cls, folder: Path, prompts: list[list[int]]) -> dict:
+        """Parameters that run this method on a small random target (of at least ``min_layers`` layers) where its
+        defaults cannot: a random head, a drafter made of the target's first layer, a datastore made from
+        ``prompts`` (the token ids to be decoded) in ``folder``. What every check that covers all registered
+        methods uses (the lossless and sampling tests on small models, the GPU check). Default: the defaults."""
+        return {}
 
     @classmethod
     def build(cls, params, *, vocab_size: int, device: torch.device) -> "Proposer":
@@ -154,19 +163,25 @@ class Proposer:
 
 
 _REGISTRY: dict[str, type] = {}
+PROPOSERS = "methods.proposers"  # the package whose every module is a method's (or a helper of one)
 
 
 def register(cls):
-    """Class decorator: make a Proposer known by its ``name`` (to ``build_proposer`` and, through
-    ``evaluation.run``, to Hydra as ``method=NAME``)."""
+    """Class decorator: make a Proposer known by its ``name`` (to ``build_proposer``, to Hydra as ``method=NAME``,
+    and to every check that covers all methods: the lossless and sampling tests, the GPU check)."""
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def registry() -> dict[str, type]:
-    """Every registered method by name, the built-in ones included."""
-    import methods  # noqa: F401  (importing the package registers the built-in methods)
+    """Every registered method by name: each module of ``methods/proposers/`` is imported (a new method's module
+    needs no list to join), and a method registered from elsewhere is included once its module is imported."""
+    import importlib
+    import pkgutil
 
+    package = importlib.import_module(PROPOSERS)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{PROPOSERS}.{module.name}")
     return dict(sorted(_REGISTRY.items()))
 
 

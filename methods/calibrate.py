@@ -10,7 +10,7 @@ come with the project (``data/autotree/``), since on a 2-core CPU they take abou
 is measured through the run's engine when the run starts, since it belongs to this device, its load
 and its thread count.
 
-``method.max_draft=auto`` (SAM-Decoding's methods, ``methods.sam``) is sized the same way: a
+``method.max_draft=auto`` (SAM-Decoding's methods, ``methods.proposers.sam``) is sized the same way: a
 calibration records every retrieved chain of SAM alone (the method's settings, the reference's chain
 length) over our own prompts, cached like the trees' (``chain_calibration``), and the run's cost curve,
 the same measurement, prices shorter caps (``chain_budget``, ``methods.autotree.choose_chain_caps``).
@@ -129,7 +129,8 @@ def engine_cost(engine) -> list[dict]:
     return _COSTS[id(engine)][1]
 
 
-# max_draft=auto (methods.sam): the retrieved chains of SAM alone with the reference's chain length, on own prompts
+# max_draft=auto (methods.proposers.sam): the retrieved chains of SAM alone with the reference's chain length, on
+# own prompts
 # that the embedded model's corpus leaves out (scripts/make_sam_corpus.py), counted per match score.
 CHAIN_PROMPTS = 48
 CHAIN_TOKENS = 128

@@ -27,7 +27,7 @@ import torch
 
 from methods.base import Proposer
 from methods.engine import Engine, HFEngine
-from methods.ops import sync
+from methods.engine.ops import sync
 from methods.verify import verify
 
 

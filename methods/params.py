@@ -6,10 +6,10 @@ default, the range or the choices, and one line of help. That one declaration is
 * the Hydra config group option (``method=NAME``: ``config_node`` gives Hydra the defaults, so
   ``method.k=4`` overrides and an unknown key is refused when the config is composed),
 * what ``parse`` checks a method's parameters against, whoever builds it (the runner, a script, a test),
-* the table of ``describe`` (``python -m methods.params``).
+* the table of ``describe`` (``python -m methods``).
 
 A default that the run's config fills in differs from the one code gets: ``config=`` (EAGLE's
-``head`` is the model config's head, ``${model.eagle_head}``, in a run, and absent in code).
+``head`` is the model config's head, ``artefact("eagle_head")``, in a run, and absent in code).
 """
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ def param(default, help: str, *, low: int | None = None, high: int | None = None
     it ``int | str``)."""
     return field(default=default, metadata={"help": help, "low": low, "high": high, "choices": choices,
                                             "config": config, "auto": auto})
+
+
+def artefact(key: str) -> str:
+    """The ``config=`` of a parameter that defaults, in a run, to what the model config names under
+    ``artefacts.KEY`` (a head, a corpus, a drafter), or null where the model names none."""
+    return f"${{oc.select:model.artefacts.{key},null}}"
+
+
+def artefact_keys(declarations) -> set[str]:
+    """The ``artefacts`` keys that these parameter declarations read (``artefact``)."""
+    import re
+
+    return {m.group(1) for d in declarations for f in dataclasses.fields(d)
+            if isinstance(f.metadata.get("config"), str)
+            and (m := re.fullmatch(r"\$\{oc\.select:model\.artefacts\.(\w+),null\}", f.metadata["config"]))}
 
 
 def _show(value) -> str:
@@ -122,21 +137,3 @@ def describe(name: str, declaration: type) -> list[str]:
         default = _show(f.default) if config is MISSING else config
         lines.append(f"  {name}.{f.name}={default}  [{allowed}]  {m.get('help', '')}")
     return lines
-
-
-def main() -> None:
-    """``python -m methods.params``: every method's and engine's parameters."""
-    from methods.base import registry
-    from methods.engine import ENGINE_PARAMS
-
-    for title, table, prefix in (("methods", {n: c.Params for n, c in registry().items()}, "method"),
-                                 ("engines", ENGINE_PARAMS, "engine")):
-        print(f"{title} ({prefix}=NAME, then {prefix}.KEY=VALUE):")
-        for name, declaration in table.items():
-            print(f"{prefix}={name}")
-            for line in describe(prefix, declaration):
-                print(line)
-
-
-if __name__ == "__main__":
-    main()

@@ -34,10 +34,11 @@ import torch
 from omegaconf import OmegaConf
 
 from evaluation.answers import ANSWERS, SUMMARY, folder_lock
+from evaluation.config import compose_config, model_spec, sampling_settings
 from evaluation.data import load_bench
 from evaluation.equal import NEAR_TIE, compare, explain
 from evaluation.models import load_model
-from evaluation.run import Runner, compose_config, environment, model_spec, sampling_settings
+from evaluation.runner import Runner, environment
 from evaluation.speed import markdown, speed_table
 from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_jsonl_atomic
 from methods.decode import Generation, PhaseTimer

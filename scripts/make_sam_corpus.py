@@ -11,8 +11,8 @@ corpus from prompts and responses (its ``tools/gen_sam_alpaca.py``). The answers
 as ``scripts.train_eagle`` generates them and share its response store, so either reuses the
 other's. With ``--texts``: a JSON-lines file of ``{"prompt": ..., "response": ...}`` (the prompt put in
 the model's template) or ``{"text": ...}`` lines, e.g. SAM-Decoding's published dialogues exported
-to JSON lines. Writes ``methods.suffix.save_corpus``'s ``.npz``: the tokens, the sequences' lengths
-and where they come from; the model config's ``sam_corpus`` names it.
+to JSON lines. Writes ``methods.proposers.suffix.save_corpus``'s ``.npz``: the tokens, the sequences' lengths
+and where they come from; the model config's ``artefacts.sam_corpus`` names it.
 """
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ import argparse
 import time
 from pathlib import Path
 
+from evaluation.config import compose_config, model_spec
 from evaluation.models import load_model
 from evaluation.own_prompts import calibration_prompts, more_prompts, training_prompts
 from evaluation.prompts import prompt_ids
-from evaluation.run import compose_config, model_spec
-from methods import eagle_train
 from methods.calibrate import CHAIN_PROMPTS
 from methods.common import CACHE, ROOT, HarnessError, exit_on_error, read_jsonl
-from methods.suffix import save_corpus
+from methods.heads import eagle_train
+from methods.proposers.suffix import save_corpus
 
 MAX_NEW_TOKENS = 160  # scripts.train_eagle's default: the two share one response store
 

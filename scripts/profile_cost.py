@@ -23,9 +23,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from evaluation.config import compose_config, model_spec
 from evaluation.models import load_model
-from evaluation.run import compose_config, environment, model_spec
-from evaluation.runs import engine_name
+from evaluation.report_runs import engine_name
+from evaluation.runner import environment
 from evaluation.shapes import SHAPES, random_model
 from methods.autotree import choose_tree, cost_curve, measure_cost
 from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_text_atomic

@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import torch
 
+from evaluation.config import compose_config, model_spec
 from evaluation.data import load_bench
 from evaluation.equal import TIE_EPS
 from evaluation.models import load_model
 from evaluation.prompts import prompt_ids
-from evaluation.run import compose_config, model_spec
 from methods.common import exit_on_error
 from methods.engine import HFEngine, StaticEngine
 

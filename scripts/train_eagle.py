@@ -2,8 +2,8 @@
 
     python -m scripts.train_eagle [--model smollm2-135m] [--out data/eagle/smollm2-135m] [--minutes 40]
 
-This script chooses the prompts and the paths; ``methods.eagle_train`` holds the recipe (responses,
-features, loss, training, validation) and ``methods.eagle.save_head`` the checkpoint layout.
+This script chooses the prompts and the paths; ``methods.heads.eagle_train`` holds the recipe (responses,
+features, loss, training, validation) and ``methods.heads.eagle.save_head`` the checkpoint layout.
 
 1. Prompts: ``evaluation.own_prompts.training_prompts()`` and ``more_prompts()``, our own instruction
    templates crossed with our own topics (writing, explanation, advice, roleplay, stories, code,
@@ -14,7 +14,7 @@ features, loss, training, validation) and ``methods.eagle.save_head`` the checkp
 2. Responses: the target's own greedy answers (self-distillation: the head learns what the
    target says, which is what it must draft), stored by prompt as they come (a killed run resumes; a
    larger prompt set generates only its new prompts); then the target's features over prompt + response.
-3. Training: EAGLE's recipe (``methods.eagle_train``), ``--labels greedy`` for greedy-token labels instead
+3. Training: EAGLE's recipe (``methods.heads.eagle_train``), ``--labels greedy`` for greedy-token labels instead
    of the target's next-token distribution. Each epoch ends with the validation figure on held-out
    sequences (the share of positions where the head's top token equals the target's, for the first draft
    and for the third draft in a row) and a checkpoint (fp16 safetensors + config.json, the published
@@ -22,7 +22,7 @@ features, loss, training, validation) and ``methods.eagle.save_head`` the checkp
    them (EAGLE-3's "training-time test" idea); ``--init`` starts from a head.
 
 Generated data is cached under ``data/cache/eagle/<model>/`` as ``data-<hash>.pt``, the hash of the prompts'
-token ids and the settings that shape the data (``methods.eagle_train.data_key``); a rerun trains from it.
+token ids and the settings that shape the data (``methods.heads.eagle_train.data_key``); a rerun trains from it.
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ import random
 import time
 from pathlib import Path
 
+from evaluation.config import compose_config, model_spec
 from evaluation.models import load_model
 from evaluation.own_prompts import TOPICS, TRAINING_ONLY_TOPICS, more_prompts, training_prompts
 from evaluation.prompts import prompt_ids
-from evaluation.run import compose_config, model_spec
-from methods import eagle_train
 from methods.common import CACHE, ROOT, HarnessError, exit_on_error, load_torch_safe, save_torch_atomic
-from methods.eagle import load_head, random_head
+from methods.heads import eagle_train
+from methods.heads.eagle import load_head, random_head
 
 # Prompts whose answers are long texts: the passages that the summaries and questions are built over.
 PASSAGE_ASKS = ("Write a short blog post", "Explain", "Write a news article", "Write a short story",
@@ -76,7 +76,7 @@ def tokenized(spec, tok, prompts: list[str]) -> dict[str, list[int]]:
 
 
 def build_data(model, tok, spec, args, device, passages: bool = True, layers: tuple[int, ...] = ()) -> list[dict]:
-    """The training records (``methods.eagle_train.features``) of the target's answers to our prompts and, with
+    """The training records (``methods.heads.eagle_train.features``) of the target's answers to our prompts and, with
     ``passages``, to requests over its own passages, from the cache when it holds them; with ``layers``, the
     records hold those layers' inputs too (EAGLE-3's ``taps``)."""
     prompts = tokenized(spec, tok, (training_prompts() + more_prompts())[: args.limit])

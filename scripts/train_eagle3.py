@@ -5,15 +5,15 @@
 The data is Medusa's and Hydra's (``scripts.train_medusa``: EAGLE's pipeline, the target's own greedy answers
 to our own prompts), with the inputs of the target's layers 2, L // 2 and L - 3 beside its last hidden state
 (cached under ``data/cache/eagle/<model>/``: the responses are shared, the features computed once more); the
-recipe is ``methods.eagle3.train`` (training-time test over ``--unroll`` depths, soft labels over the draft
+recipe is ``methods.heads.eagle3.train`` (training-time test over ``--unroll`` depths, soft labels over the draft
 vocabulary: the ``--draft-vocab`` tokens most frequent in the responses; ``--intermediate-size`` narrows the
 head's MLP). The checkpoint is EAGLE-3's layout
-(``methods.eagle3.save_head``), loaded by ``method=eagle3 method.head=<out>``, with ``train_log.json`` beside it.
+(``methods.heads.eagle3.save_head``), loaded by ``method=eagle3 method.head=<out>``, with ``train_log.json`` beside it.
 """
 from __future__ import annotations
 
-from methods import eagle3
 from methods.common import HarnessError, exit_on_error
+from methods.heads import eagle3
 from scripts.train_medusa import arguments, prepared
 
 

@@ -4,17 +4,17 @@
 
 The data is Medusa's (``scripts.train_medusa``: EAGLE's pipeline, the target's own greedy answers to our own
 prompts and its features over them, cached under ``data/cache/eagle/<model>/``, shared by all three
-trainers); the recipe is ``methods.hydra.train``, by default Hydra++'s (zankner/Hydra's README: prefix-mlp,
+trainers); the recipe is ``methods.heads.hydra.train``, by default Hydra++'s (zankner/Hydra's README: prefix-mlp,
 4 layers, teacher loss, dropout 0.2) with the target's lm_head shared instead of a copy per head. The
-checkpoint is Hydra's layout (``methods.hydra.save_heads``), loaded by ``method=hydra method.head=<out>``, with
+checkpoint is Hydra's layout (``methods.heads.hydra.save_heads``), loaded by ``method=hydra method.head=<out>``, with
 ``train_log.json`` beside it (settings, data, time, the held-out top-1 accuracy of every head).
 """
 from __future__ import annotations
 
 import torch
 
-from methods import hydra
 from methods.common import HarnessError, exit_on_error
+from methods.heads import hydra
 from scripts.train_medusa import arguments, prepared
 
 

@@ -5,8 +5,8 @@
 The data comes from EAGLE's pipeline (``scripts.train_eagle.build_data``: the target's own greedy answers to our
 own prompts and its features over them, cached under ``data/cache/eagle/<model>/``; without EAGLE's passage
 requests, whose long prompts take most of the generation time); the recipe is
-``methods.medusa.train`` (self-distillation: head k learns the target's greedy token k + 2 places ahead);
-the checkpoint is Medusa's layout (``methods.medusa.save_heads``), loaded by ``method=medusa method.head=<out>``,
+``methods.heads.medusa.train`` (self-distillation: head k learns the target's greedy token k + 2 places ahead);
+the checkpoint is Medusa's layout (``methods.heads.medusa.save_heads``), loaded by ``method=medusa method.head=<out>``,
 with ``train_log.json`` beside it (settings, data, time, the held-out top-1 accuracy of every head).
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import random
 import time
 from pathlib import Path
 
+from evaluation.config import compose_config, model_spec
 from evaluation.models import load_model
-from evaluation.run import compose_config, model_spec
-from methods import eagle_train, medusa
 from methods.common import ROOT, HarnessError, exit_on_error
+from methods.heads import eagle_train, medusa
 from methods.tree import HEADS_TREE, load_template
 from scripts.train_eagle import build_data
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from evaluation.shapes import random_model
+from tests.helpers import tiny_llama
 
 
 @lru_cache(maxsize=1)
@@ -39,13 +39,8 @@ def sentencepiece_tokenizer(folder: Path) -> None:
         "add_bos_token": True, "add_eos_token": False, "model_max_length": 2048}))
 
 
-def tiny_model(name: str, seed: int = 0, **overrides) -> LlamaForCausalLM:
-    """A random model of the architecture of shipped config ``name`` (``evaluation.shapes.tiny``)."""
-    return random_model(name, small=True, seed=seed, **overrides)
-
-
 def save_model(folder: Path, name: str, **overrides) -> LlamaForCausalLM:
-    model = tiny_model(name, **overrides)
+    model = tiny_llama(name, **overrides)
     model.save_pretrained(folder)
     sentencepiece_tokenizer(folder)
     return model
@@ -57,7 +52,7 @@ def save_eagle_head(folder: Path, target_config, fmt: str = "bin", bias: bool | 
     ``bias``: None writes no "bias" key (EAGLE reads true), False writes ``"bias": false`` and no ``fc.bias``."""
     from safetensors.torch import save_file
 
-    from methods.eagle import expected_shapes, head_config
+    from methods.heads.eagle import expected_shapes, head_config
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = head_config(target_config)

@@ -1,72 +1,51 @@
-"""Fixtures and helpers the test files share.
+"""Fixtures the test files share (their helpers: tests/helpers.py).
 
 Tiers: tests marked ``slow`` (``pytest.mark.slow``: the embedded model through the command lines, many questions
 decoded, training, compilation) are left out by ``make test-fast`` (``pytest -m "not slow"``); ``make test`` runs
 every test.
 """
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from evaluation.models import ModelSpec, load_model
-from methods.common import ROOT, HarnessError, exit_on_error
+from evaluation.config import ModelSpec
+from evaluation.models import load_model
+from methods.common import HarnessError, exit_on_error
+from tests.helpers import shipped_spec, tiny_llama
 
 # engine.threads=auto keeps OMP_NUM_THREADS where it is set: the suite (and the command lines it starts) runs with
 # the thread count it started with instead of timing one per model shape; tests/test_machine.py times it.
 os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
-# --- helpers --------------------------------------------------------------------------------------------
-
-def cli(*args, check: bool = True, env: dict | None = None, timeout: int = 900, **kw) -> subprocess.CompletedProcess:
-    """``python -m ARGS`` in the project root, in a process of its own, its output captured. ``check``: a non-zero
-    exit fails the test; ``env``: variables set for it on top of this process's environment."""
-    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                       env=None if env is None else {**os.environ, **env}, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def llama(vocab_size: int = 96, hidden_size: int = 64, intermediate_size: int = 128, num_hidden_layers: int = 2,
-          num_attention_heads: int = 4, num_key_value_heads: int = 2, **config) -> LlamaForCausalLM:
-    """A randomly initialised Llama of a small config (no download); ``config``: more LlamaConfig fields."""
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
-                                        intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
-                                        num_attention_heads=num_attention_heads,
-                                        num_key_value_heads=num_key_value_heads, **config))
-
-
-def generate_greedy(model, prompt: list[int], max_new_tokens: int, **kw) -> list[int]:
-    """``model.generate``'s greedy continuation of ``prompt`` (new tokens only): what every method must emit."""
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **kw)
-    return out[0, len(prompt):].tolist()
-
-
-def shipped_spec(name: str, **overrides) -> ModelSpec:
-    """The ModelSpec of the shipped model config ``conf/model/NAME.yaml``, with ``overrides``."""
-    raw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
-    return ModelSpec(**{**raw, **overrides})
-
-
 # --- fixtures -------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def tiny_model():
-    """A randomly initialised 2-layer Llama: the engine's fast test subject (no download)."""
-    torch.manual_seed(0)
-    model = llama(max_position_embeddings=512, bos_token_id=1, eos_token_id=None, pad_token_id=0).eval()
-    model.generation_config.eos_token_id = None  # tests choose their own stop tokens
-    # Spread the logits so that greedy argmaxes are not decided by rounding.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)
-    return model
+def tiny_models():
+    """``tiny_models(layers)``: a randomly initialised Llama of ``layers`` layers (``tests.helpers.tiny_llama``'s
+    generic one, seeded), its logits spread so that greedy argmaxes are not decided by rounding; one per depth per
+    session. The engine's fast test subject; a method that reads deep layers (EAGLE-3) gets a deeper one."""
+    built = {}
+
+    def make(layers: int = 2):
+        if layers not in built:
+            model = tiny_llama(seed=0, num_hidden_layers=layers, max_position_embeddings=512, bos_token_id=1,
+                               eos_token_id=None, pad_token_id=0).eval()
+            model.generation_config.eos_token_id = None  # tests choose their own stop tokens
+            with torch.no_grad():
+                model.lm_head.weight.mul_(20)
+            built[layers] = model
+        return built[layers]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_models):
+    """The 2-layer tiny model (``tiny_models``)."""
+    return tiny_models(2)
 
 
 @pytest.fixture(scope="session")
@@ -80,13 +59,13 @@ def embedded():
 
 @pytest.fixture
 def reuse_embedded(request, monkeypatch):
-    """Runners built in this process (``evaluation.run.Runner``, ``run``) take the session's embedded model
+    """Runners built in this process (``evaluation.runner.Runner``, ``run``) take the session's embedded model
     (``embedded``, loaded when first asked for) instead of loading it again, for every spec that resolves to it:
     the embedded checkpoint in float32 on the CPU. Any other spec loads as before."""
-    import evaluation.run
+    import evaluation.runner
     from evaluation.models import resolve_device, resolve_dtype
 
-    cpu, base, real = torch.device("cpu"), shipped_spec("smollm2-135m"), evaluation.run.load_model
+    cpu, base, real = torch.device("cpu"), shipped_spec("smollm2-135m"), evaluation.runner.load_model
 
     def load(s: ModelSpec):
         try:
@@ -99,7 +78,7 @@ def reuse_embedded(request, monkeypatch):
         model, tok, _ = request.getfixturevalue("embedded")
         return model, tok, cpu
 
-    monkeypatch.setattr(evaluation.run, "load_model", load)
+    monkeypatch.setattr(evaluation.runner, "load_model", load)
 
 
 @pytest.fixture
@@ -110,7 +89,8 @@ def run_error(tmp_path, capsys, reuse_embedded):
     ``hydra.run.dir=DIR`` override or ``out`` names; ``base``: overrides put before ``overrides`` (by default
     those of the command lines these tests ran before: no warm-up, no progress bar). Returns what it printed
     (``.err``, ``.out``)."""
-    from evaluation.run import compose_config, run
+    from evaluation.config import compose_config
+    from evaluation.runner import run
 
     def fail(*overrides: str, out: Path | None = None, base=("warmup=0", "runtime.progress=false")):
         default = tmp_path / "run"

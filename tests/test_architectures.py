@@ -9,8 +9,7 @@ from methods.base import build_proposer
 from methods.common import ROOT
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
-from tests.checkpoints import tiny_model
-from tests.conftest import generate_greedy
+from tests.helpers import generate_greedy, tiny_llama
 
 CPU = torch.device("cpu")
 # One per distinct architecture: Vicuna 7B/13B/33B and Llama-2 share LLaMA's (test_one_architecture_per_config).
@@ -31,7 +30,7 @@ def test_one_architecture_per_config():
 def arch(request):
     name = request.param
     overrides = ARCHITECTURES[name]
-    model = tiny_model(name.split(" ")[0] if name in SHAPES else "llama-3-8b-instruct", **overrides)
+    model = tiny_llama(name.split(" ")[0] if name in SHAPES else "llama-3-8b-instruct", **overrides)
     prompts = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
     refs = [generate_greedy(model, p, 32) for p in prompts]
     return model, prompts, refs

@@ -15,7 +15,7 @@ from evaluation.answers import read_answers
 from evaluation.equal import compare
 from evaluation.prompts import prompt_ids
 from methods.common import ROOT
-from tests.conftest import cli, generate_greedy
+from tests.helpers import cli, generate_greedy
 
 QIDS = [81, 161, 241, 321, 401]  # 81: two turns (writing); then translation, summarization, qa, math
 MAX_NEW = 24

@@ -23,12 +23,12 @@ def _compose(*overrides):
 def test_method_and_engine_options_come_from_their_declarations():
     """method=NAME and engine=NAME are the registered declarations (methods.params), defaults written once: no
     YAML repeats them, every default composes and passes the method's own checks."""
-    from evaluation.run import store_configs
+    from evaluation.config import register
     from methods.base import registry
     from methods.engine import ENGINE_PARAMS
     from methods.params import config_node, parse
 
-    store_configs()
+    register()
     assert not (CONF / "method").exists() and not (CONF / "engine").exists()
     for group, table in (("method", {n: c.Params for n, c in registry().items()}), ("engine", ENGINE_PARAMS)):
         for name, declaration in table.items():
@@ -36,8 +36,8 @@ def test_method_and_engine_options_come_from_their_declarations():
             assert composed == config_node(name, declaration)
             values = {k: v for k, v in composed.items() if k != "name" and not str(v).startswith("${")}
             parse(declaration, values, f"{group} '{name}'", prefix=group)
-    assert known_methods() == ["eagle", "eagle2", "eagle3", "hydra", "lookahead", "medusa", "pld", "rest", "sam",
-                               "sam_eagle2", "sam_tr", "sps", "tr", "vanilla"]
+    assert set(known_methods()) >= {"eagle", "eagle2", "eagle3", "hydra", "lookahead", "medusa", "pld", "rest", "sam",
+                                    "sam_eagle2", "sam_tr", "sps", "tr", "vanilla"}  # the built-in ones, at least
     assert _compose("method=eagle", "model=vicuna-7b").method.head == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     assert _compose("method=sam_tr").method.corpus == "data/sam/smollm2-135m.npz"  # the model config's corpus
     assert _compose("method=sam", "model=vicuna-7b").method.corpus == "data/sam/vicuna-7b.npz"  # one the user makes
@@ -111,3 +111,27 @@ def test_every_experiment_point_composes_and_builds(experiment, embedded):
         method = OmegaConf.to_container(cfg.method, resolve=True)
         name = method.pop("name")
         build_proposer(name, method, vocab_size=49152, device=torch.device("cpu"), target=embedded[0])
+
+
+def test_python_m_methods_lists_every_method_and_engine(capsys):
+    from methods.__main__ import main
+
+    main()
+    out = capsys.readouterr().out
+    for name in known_methods():
+        assert f"\nmethod={name}\n" in out, name
+    assert "\nengine=static\n" in out and "  engine.threads=auto" in out and "  method.head=" in out
+
+
+def test_every_artefact_a_method_reads_comes_from_the_model_config_and_a_misspelt_one_is_refused():
+    """A method parameter that defaults to the model's artefact reads model.artefacts.KEY (null where the model
+    names none), and an artefact no method reads is a typo, refused with the keys that are read."""
+    from evaluation.config import compose_config, model_spec
+    from methods.common import HarnessError
+
+    cfg = compose_config(["method=eagle2"])
+    assert cfg.method.head == cfg.model.artefacts.eagle_head == "data/eagle/smollm2-135m"
+    assert compose_config(["method=eagle3", "model=llama-2-7b-chat"]).method.head is None
+    assert model_spec(cfg).artefacts["sam_corpus"] == "data/sam/smollm2-135m.npz"
+    with pytest.raises(HarnessError, match=r"no method reads artefacts \['eagel_head'\]; the methods read .*eagle_head"):
+        model_spec(compose_config(["+model.artefacts.eagel_head=x"]))

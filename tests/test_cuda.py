@@ -1,6 +1,6 @@
 """On a CUDA device (skipped elsewhere, and reported as skipped): the GPU check's steps as tests.
 
-``scripts/gpu_check.py`` holds the steps (every method, EAGLE's included, on both engines equal to CPU greedy in
+``scripts/gpu_check.py`` holds the steps (every registered method on both engines equal to CPU greedy in
 fp32, fp16 divergences only near-ties; compiled steps with CUDA graphs; the attention kernel the engine picks);
 here each must pass. No weights travel: the models are tiny random ones of the shipped architectures.
 ``test_gpu_check_dry_run`` runs the whole check on the CPU, so that it is known to work before a GPU is lent.
@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from methods.base import known_methods
 from methods.common import ROOT
 from scripts import gpu_check
 
@@ -28,7 +29,7 @@ def rows(path):
 def test_every_method_on_cuda_equals_cpu_greedy(tmp_path):
     verdict = gpu_check.methods(gpu_check.Check(tmp_path, 900, CUDA), ["llama-3-8b-instruct", "vicuna-7b"])
     runs = rows(tmp_path / "methods.csv")
-    assert {r["method"] for r in runs} == {m for m, _ in gpu_check.METHODS} and {r["engine"] for r in runs} == {"hf", "static"}
+    assert {r["method"] for r in runs} == set(known_methods()) and {r["engine"] for r in runs} == {"hf", "static"}
     assert all(r["equal"] == "True" for r in runs if r["dtype"] == "float32"), [r for r in runs if r["equal"] != "True"]
     assert not [r for r in runs if r["kind"] == "real mismatch"], "an fp16 divergence that is not a near-tie"
     assert verdict.startswith("ok")
@@ -82,6 +83,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert files == ["attention.csv", "cost.csv", "gpu_check.log", "methods.csv", "sampling.csv"]
     log = (tmp_path / "gpu_check.log").read_text()
     assert "FAILED" not in log and "4 cost curves (tiny shapes): ok" in log
-    assert {r["method"] for r in rows(tmp_path / "methods.csv")} >= {"eagle", "eagle2", "sam_tr"}
+    assert {r["method"] for r in rows(tmp_path / "methods.csv")} == set(known_methods())  # every registered one
     sampled = rows(tmp_path / "sampling.csv")
-    assert sampled and all(r["equal"] == "True" for r in sampled) and "2b sampling at T=1" in log
+    assert {r["method"] for r in sampled} == set(known_methods()) and all(r["equal"] == "True" for r in sampled)
+    assert "2b sampling at T=1" in log

@@ -8,7 +8,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
-from methods.eagle import EagleHead, head_config, load_head, save_head
+from methods.heads.eagle import EagleHead, head_config, load_head, save_head
 from tests.checkpoints import hub_snapshot, save_eagle_head
 
 CPU = torch.device("cpu")
@@ -79,7 +79,7 @@ def test_a_head_without_fc_bias_loads_when_its_config_says_so(tiny_model, tmp_pa
 
 @pytest.mark.parametrize("bias, dtype", [(True, torch.float16), (False, torch.float32)])
 def test_a_saved_head_loads_back_to_the_same_weights_and_outputs(tiny_model, tmp_path, bias, dtype):
-    """save_head writes the layout load_head reads (both from methods.eagle's one definition): a head with its
+    """save_head writes the layout load_head reads (both from methods.proposers.eagle's one definition): a head with its
     own shapes and rotary base, with or without fc's bias, loads back with the same config, weights (as stored:
     fp16 rounds them once) and features; a second save replaces the head in the folder and keeps other files."""
     torch.manual_seed(0)

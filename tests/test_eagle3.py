@@ -1,5 +1,5 @@
-"""EAGLE-3 (methods.eagle3): the engines' layer taps, the published layout computed as EAGLE-3 does, drafts from
-the head's own cache agreeing with a pass from scratch, lossless decoding."""
+"""EAGLE-3 (methods.proposers.eagle3): the engines' layer taps, the published layout computed as EAGLE-3 does,
+drafts from the head's own cache agreeing with a pass from scratch, lossless decoding."""
 import math
 
 import pytest
@@ -9,10 +9,10 @@ from torch.nn import functional as F
 from methods.base import Verification, build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
-from methods.eagle3 import feature_layers, load_head
 from methods.engine import HFEngine, StaticEngine
+from methods.heads.eagle3 import feature_layers, load_head
 from tests.checkpoints import save_eagle3_head
-from tests.conftest import generate_greedy, llama
+from tests.helpers import generate_greedy, tiny_llama
 
 CPU = torch.device("cpu")
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]
@@ -22,7 +22,7 @@ PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]
 def deep():
     """A tiny 8-layer Llama: EAGLE-3 reads layers 2, 4 and 5."""
     torch.manual_seed(0)
-    model = llama(num_hidden_layers=8, max_position_embeddings=512).eval()
+    model = tiny_llama(num_hidden_layers=8, max_position_embeddings=512).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20)
     return model
@@ -143,7 +143,7 @@ def test_trained_head_learns_the_targets_tokens_and_loads_back(deep, tmp_path):
     """The trainer (training-time test over 2 depths, a 48-token draft vocabulary, an MLP narrower than the
     target's) on the tiny model's own greedy continuations: depth 1's held-out accuracy rises; the saved head
     (fp16, d2t, its own intermediate_size) loads back computing the same."""
-    from methods import eagle3, eagle_train
+    from methods.heads import eagle3, eagle_train
 
     torch.manual_seed(0)
     seqs = [torch.randint(3, 96, (4,)).tolist() for _ in range(40)]
@@ -172,4 +172,4 @@ def test_at_temperature_it_samples_exactly_vanillas_tokens(deep, tmp_path):
     save_eagle3_head(tmp_path / "e3", deep.config, draft_vocab=64)
     settings = Sampling(temperature=1.0, top_p=0.95, seed=1)
     got = decode_all(deep, "eagle3", {"head": str(tmp_path / "e3"), "total_tokens": 20}, settings)
-    assert [t for t, _ in got] == [t for t, _ in decode_all(deep, "vanilla", {}, settings)]
+    assert [t for t, *_ in got] == [t for t, *_ in decode_all(deep, "vanilla", {}, settings)]

@@ -6,10 +6,9 @@ from methods.base import Draft, Proposer, build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
-from methods.tree import Tree
-from methods.tree import tree_mask
+from methods.tree import Tree, tree_mask
 from methods.verify import accept, greedy
-from tests.conftest import generate_greedy
+from tests.helpers import generate_greedy
 
 
 def test_accept_worked_examples():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from evaluation.equal import NEAR_TIE, REAL, classify, compare
-from tests.checkpoints import tiny_model, save_model, sentencepiece_tokenizer
-from tests.conftest import cli
+from tests.checkpoints import save_model, sentencepiece_tokenizer
+from tests.helpers import cli, tiny_llama
 
 
 def test_classify_on_worked_logits():
@@ -37,7 +37,7 @@ def tied_checkpoint(tmp_path_factory):
     """A tiny Vicuna-shaped model whose lm_head rows of two tokens are identical: wherever the first is the
     greedy token, the second ties it exactly (in every dtype), as fp16 near-ties do within rounding."""
     folder = tmp_path_factory.mktemp("tied")
-    model = tiny_model("vicuna-7b")
+    model = tiny_llama("vicuna-7b")
     first, second = 100, 31000
     with torch.no_grad():
         model.lm_head.weight[first] += 3.0 * model.lm_head.weight[first].sign()  # often the greedy token

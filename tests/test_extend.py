@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from evaluation.answers import read_answers
+from evaluation.config import compose_config
 from evaluation.equal import compare
-from evaluation.run import compose_config, run
+from evaluation.runner import run
 from methods import base
 from methods.base import Draft, Preparation, Proposer, register
 from methods.common import HarnessError

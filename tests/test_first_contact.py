@@ -14,7 +14,7 @@ from methods import hub
 from methods.common import ROOT, HarnessError
 from tests.checkpoints import (hub_snapshot, save_eagle_head, save_hydra_heads, save_medusa_heads, save_model,
                                sentencepiece_tokenizer)
-from tests.conftest import cli
+from tests.helpers import cli
 
 
 def spec(checkpoint, **kw):
@@ -142,14 +142,14 @@ def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path
     """`evaluation.run model=vicuna-7b method=sps` drafts with the config's double7/vicuna-68m, a hub id like
     the target's: missing, one clear line naming it; in the cache (a 2-layer Llama with the target's 32000-token
     vocabulary, as a pytorch_model.bin, the layout that repository ships), tokens equal vanilla's."""
-    from tests.conftest import llama
+    from tests.helpers import tiny_llama
 
     save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
     p = vicuna_run(tmp_path, "sps")
     assert p.returncode == 2 and "download double7/vicuna-68m or set method.drafter=PATH" in p.stderr
     assert not (tmp_path / "sps").exists()
     torch.manual_seed(0)
-    llama(vocab_size=32000, num_hidden_layers=2).save_pretrained(hub_snapshot(hub_cache, "double7/vicuna-68m"),
+    tiny_llama(vocab_size=32000, num_hidden_layers=2).save_pretrained(hub_snapshot(hub_cache, "double7/vicuna-68m"),
                                                                   safe_serialization=False)
     _, summary = runs_equal_to_vanilla(tmp_path, "sps")
     assert summary["method_state"]["drafter"] == "double7/vicuna-68m"

@@ -1,18 +1,19 @@
-"""Hydra (methods.hydra): the published layouts, drafts that read their path, lossless decoding, the trainer."""
+"""Hydra (methods.proposers.hydra): the published layouts, drafts that read their path, lossless decoding, the
+trainer."""
 import json
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from methods import eagle_train
 from methods.base import Verification, build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
-from methods.hydra import HydraHeads, load_heads, save_heads, train, validate
+from methods.heads import eagle_train
+from methods.heads.hydra import HydraHeads, load_heads, save_heads, train, validate
 from tests.checkpoints import save_hydra_heads
-from tests.conftest import generate_greedy
+from tests.helpers import generate_greedy
 
 CPU = torch.device("cpu")
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]

@@ -1,7 +1,7 @@
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from methods import kv
+from methods.engine import kv
 
 
 def _cache(n_slots: int) -> DynamicCache:

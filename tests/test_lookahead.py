@@ -7,7 +7,7 @@ import torch
 from methods.base import Verification, build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
-from methods.lookahead import layout
+from methods.proposers.lookahead import layout
 
 CPU = torch.device("cpu")
 

@@ -6,8 +6,10 @@ The sample is stratified: two questions per Spec-Bench task, the two mt_bench on
 import pytest
 import torch
 
+from evaluation.config import compose_config
 from evaluation.data import load_bench
-from evaluation.run import Runner, compose_config
+from evaluation.runner import Runner
+from methods.base import known_methods
 
 MAX_NEW = 20
 SAMPLE = load_bench(None, limit_per_category=2)
@@ -25,8 +27,8 @@ def runner(loaded, *overrides):
     return Runner(cfg, loaded=loaded)
 
 
-def answers(r: Runner):
-    return {q.question_id: r.answer(q)["choices"][0] for q in SAMPLE}
+def answers(r: Runner, questions=SAMPLE):
+    return {q.question_id: r.answer(q)["choices"][0] for q in questions}
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +38,32 @@ def reference(loaded):
 
 def test_sample_is_stratified():
     assert len(SAMPLE) == 12 and sum(len(q.turns) == 2 for q in SAMPLE) == 2
+    assert len(ONE_PER_TASK) == 6 and sum(len(q.turns) == 2 for q in ONE_PER_TASK) == 1
 
 
-@pytest.mark.parametrize("overrides", [
-    ["method=tr"],                                   # the paper: tree 2.2.2, K=8, hot start
+# Every registered method with its defaults on the embedded model (its shipped heads, corpus and drafter: the
+# model config's artefacts), quicker where a setting only shortens the run; then settings that take other paths.
+QUICKER = {"eagle2": ["method.total_tokens=20"], "sam_eagle2": ["method.total_tokens=20"],
+           "sps": ["method.drafter=self:20", "method.topk=4", "method.schedule=constant"]}  # 20 of 30 layers
+VARIANTS = [
     ["method=tr", "engine=hf"],                      # on the reference engine (the reference ran the lean one)
     ["method=tr", "method.start=cold"],
     ["method=tr", "method.start=prompt"],
     ["method=tr", "method.tree=probe"],              # 64 drafts, depth 8
     ["method=tr", "method.tree=grown-n30-d6"],       # a grown template
     ["method=tr", "method.k=3", "method.fit_tree_to_k=true"],  # the paper tree clipped to ranks < 3
-    ["method=pld"],                                  # Spec-Bench's settings: n-grams 3..1, 10 drafts
     ["method=pld", "method.max_ngram=1", "method.num_pred_tokens=4"],
-    ["method=lookahead"],                            # the Spec-Bench leaderboard's level 5, window 7, guess 7
     ["method=lookahead", "method.level=3", "method.window=4", "method.guess=3"],
-    ["method=eagle2", "method.total_tokens=20"],      # the shipped EAGLE head (EAGLE-1's tree: tests/test_eagle.py)
-    ["method=sam"],                                  # SAM-Decoding alone: the request and the shipped corpus
     ["method=sam", "method.corpus=null", "method.max_draft=8"],
-    ["method=sam_tr"],                               # SAM-Decoding's defaults with Token Recycling's paper tree
     ["method=sam_tr", "method.merge=true", "method.tree=grown-n30-d6"],   # chain and tree in one tree
     ["method=sam_tr", "method.tree=auto", "method.max_draft=auto"],       # sized for this device
-    ["method=sam_eagle2", "method.total_tokens=20"],  # the shipped EAGLE head
     ["method=sam_eagle2", "method.total_tokens=20", "method.merge=true"],
-    ["method=sps", "method.drafter=self:20", "method.topk=4", "method.schedule=constant"],  # 20 of 30 layers
-    ["method=medusa"],                               # the shipped heads, Medusa's mc_sim_7b_63 tree
-    ["method=hydra"],                                # the shipped two mlp heads, that tree cut to depth 2
-    ["method=eagle3"],                               # the shipped EAGLE-3 head (layers 2, 15, 27; 4096-token draft vocab)
-    ["method=rest"],                                 # Spec-Bench's REST: spans 16..2, 64 drafts, the model's datastore
-], ids=lambda o: ",".join(o))
+]
+DEFAULTS = [[f"method={name}", *QUICKER.get(name, [])] for name in known_methods() if name != "vanilla"]
+CASES = DEFAULTS + VARIANTS
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=lambda o: ",".join(o))
 @pytest.mark.slow
 def test_method_is_lossless(reference, loaded, overrides):
     r = runner(loaded, *overrides)
@@ -76,25 +76,22 @@ def test_method_is_lossless(reference, loaded, overrides):
     assert max(accepted) > 1, "no draft was ever accepted: the proposer is not drafting"
 
 
-# At temperature > 0 every method reproduces vanilla sampling with the same seed (methods.sampling).
+# At temperature > 0 every method reproduces vanilla sampling with the same seed (methods.sampling): every
+# registered method, on one question per task (the mt_bench one with both turns), and merged SAM+TR.
 SAMPLED = ["sampling.temperature=1.0", "sampling.top_p=0.95", "sampling.seed=1"]
+ONE_PER_TASK = load_bench(None, limit_per_category=1)
 
 
 @pytest.fixture(scope="module")
 def sampled_reference(loaded):
-    return answers(runner(loaded, "method=vanilla", *SAMPLED))
+    return answers(runner(loaded, "method=vanilla", *SAMPLED), ONE_PER_TASK)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["method=tr"], ["method=pld"], ["method=lookahead"], ["method=eagle2", "method.total_tokens=20"],
-    ["method=sam"], ["method=sam_tr", "method.merge=true"], ["method=sam_eagle2", "method.total_tokens=20"],
-    ["method=sps", "method.drafter=self:20"],
-    ["method=rest"],
-], ids=lambda o: ",".join(o))
+@pytest.mark.parametrize("overrides", DEFAULTS + [["method=sam_tr", "method.merge=true"]], ids=lambda o: ",".join(o))
 @pytest.mark.slow
 def test_method_samples_exactly_vanillas_tokens(sampled_reference, reference, loaded, overrides):
     r = runner(loaded, *overrides, *SAMPLED)
-    got = answers(r)
+    got = answers(r, ONE_PER_TASK)
     for qid, ref in sampled_reference.items():
         assert got[qid]["token_ids"] == ref["token_ids"], f"question {qid}"
     assert any(got[q]["token_ids"] != reference[q]["token_ids"] for q in got), "sampling gave the greedy tokens"

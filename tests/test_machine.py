@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from methods import engine as engine_mod
 from methods import machine
 from methods.common import HarnessError
 from methods.engine import HFEngine, StaticEngine, build_engine
+from methods.engine import tuning as engine_mod
 
 
 def test_the_machine_is_read_from_the_cpu():
@@ -159,7 +159,7 @@ def test_threads_follow_the_environment_or_the_config(tiny_model, monkeypatch, t
 
 
 def test_every_summary_says_which_machine(tmp_path):
-    from evaluation.run import environment
+    from evaluation.runner import environment
 
     env = environment(torch.device("cpu"), torch.float32)
     assert env["cpu"] == machine.cpu()

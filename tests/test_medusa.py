@@ -1,19 +1,19 @@
-"""Medusa (methods.medusa): the published layout, the sparse tree's drafts, lossless decoding, the trainer."""
+"""Medusa (methods.proposers.medusa): the published layout, the sparse tree's drafts, lossless decoding, the trainer."""
 import json
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from methods import eagle_train
 from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
-from methods.medusa import MedusaHeads, load_heads, save_heads, train, validate
+from methods.heads import eagle_train
+from methods.heads.medusa import MedusaHeads, load_heads, save_heads, train, validate
 from methods.tree import load_template
 from tests.checkpoints import save_medusa_heads
-from tests.conftest import generate_greedy
+from tests.helpers import generate_greedy
 
 CPU = torch.device("cpu")
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]

@@ -4,7 +4,7 @@ import torch
 
 from methods.base import build_proposer
 from methods.common import HarnessError
-from methods.pld import lookup
+from methods.proposers.pld import lookup
 
 CPU = torch.device("cpu")
 t = torch.tensor

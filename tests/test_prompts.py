@@ -4,7 +4,7 @@ import pytest
 from evaluation.prompts import SYSTEM_PROMPTS, describe, prompt_ids
 from methods.common import ROOT
 from tests.checkpoints import sentencepiece_tokenizer
-from tests.conftest import shipped_spec
+from tests.helpers import shipped_spec
 
 TURNS = ["Compose an engaging travel blog post about a recent trip to Hawaii.", "Rewrite your previous response."]
 ANSWER = "Aloha! Here is my post."

@@ -1,5 +1,6 @@
-"""What the harness promises when input is bad or a run is disturbed (README, "Reliability"): one line, a
-non-zero exit, nothing half-written, every finished answer kept; through the real command lines."""
+"""What the harness promises when input is bad or a run is disturbed (evaluation/README.md, "Reliability: what is
+tested"): one line, a non-zero exit, nothing half-written, every finished answer kept; through the real command
+lines."""
 import json
 import os
 import shutil
@@ -14,17 +15,16 @@ import torch
 from omegaconf import OmegaConf
 
 from evaluation.answers import ABSENT, ANSWERS, LOCK, AnswerWriter, first_difference, folder_lock, read_answers
+from evaluation.config import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
 from evaluation.data import load_bench
 from evaluation.merge import merge
 from evaluation.models import ModelSpec, load_model
-from evaluation.run import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
 from methods.base import known_methods
 from methods.common import RESULTS, ROOT, HarnessError, load_torch_safe
 from methods.tree import TreeError, load_template
 from tests.checkpoints import save_model
-from tests.conftest import cli
+from tests.helpers import cli
 from tests.test_cli import QIDS, _bad, run_args, run_overrides
-
 
 FINISHED = ("bench.question_ids=[81,161]",)
 

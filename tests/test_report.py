@@ -7,7 +7,7 @@ import pytest
 
 from evaluation import report as rp
 from evaluation.metrics import accept_histogram, repeat_table
-from evaluation.runs import engine_name
+from evaluation.report_runs import engine_name
 from methods.common import HarnessError
 
 ENV = {"device": "cpu", "device_name": "x86_64", "cpu_threads": 2, "dtype": "float32", "torch": "2.13.0",

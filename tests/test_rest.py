@@ -1,4 +1,4 @@
-"""REST (methods.rest): the suffix array and the retrieval against brute force, the trie's choice of nodes on
+"""REST (methods.proposers.rest): the suffix array and the retrieval against brute force, the trie's choice of nodes on
 worked examples and random corpora, lossless decoding on the tiny model, and the errors of a bad datastore."""
 import random
 from collections import Counter
@@ -11,10 +11,10 @@ from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
-from methods.rest import Datastore, suffix_array, trie
-from methods.suffix import SEPARATOR, save_corpus
+from methods.proposers.rest import Datastore, suffix_array, trie
+from methods.proposers.suffix import SEPARATOR, save_corpus
 from methods.tree import Tree
-from tests.conftest import generate_greedy
+from tests.helpers import generate_greedy
 
 CPU = torch.device("cpu")
 

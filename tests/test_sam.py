@@ -1,5 +1,5 @@
-"""Suffix automata (methods.suffix) and SAM-Decoding's methods (methods.sam): worked examples, a property test
-against brute-force search, the chain budget's choice, and lossless decoding on the tiny model."""
+"""Suffix automata (methods.proposers.suffix) and SAM-Decoding's methods (methods.proposers.sam): worked examples, a
+property test against brute-force search, the chain budget's choice, and lossless decoding on the tiny model."""
 import random
 
 import numpy as np
@@ -11,11 +11,11 @@ from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
-from methods.sam import DYNAMIC, STATIC, Retrieval
-from methods.suffix import (SEPARATOR, FrozenAutomaton, SuffixAutomaton, corpus_automaton, load_corpus,
-                            save_corpus)
+from methods.proposers.sam import DYNAMIC, STATIC, Retrieval
+from methods.proposers.suffix import (SEPARATOR, FrozenAutomaton, SuffixAutomaton, corpus_automaton, load_corpus,
+                                      save_corpus)
 from methods.tree import Tree, graft
-from tests.conftest import generate_greedy
+from tests.helpers import generate_greedy
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ from evaluation.answers import read_answers
 from evaluation.data import shard
 from evaluation.merge import merge
 from methods.common import HarnessError
-from tests.conftest import cli
+from tests.helpers import cli
 from tests.test_cli import QIDS
 
 
@@ -103,8 +103,8 @@ def test_sweep_through_the_joblib_launcher(tmp_path):
 
 
 def test_a_claimed_device_is_held_until_released():
-    from methods.common import HarnessError
     from evaluation.models import ModelSpec, claim_device, release_devices
+    from methods.common import HarnessError
 
     spec = ModelSpec(name="m", checkpoint="x", template="vicuna_v1.1", device="auto")
     try:

@@ -1,4 +1,4 @@
-"""SpS (methods.sps): a draft model's chain, verified by the target; lossless whatever the drafter."""
+"""SpS (methods.proposers.sps): a draft model's chain, verified by the target; lossless whatever the drafter."""
 import pytest
 import torch
 
@@ -6,9 +6,9 @@ from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
+from methods.proposers.sps import SpS, chain_tree, first_layers
 from methods.sampling import Sampler, Sampling
-from methods.sps import SpS, chain_tree, first_layers
-from tests.conftest import generate_greedy, llama
+from tests.helpers import generate_greedy, tiny_llama
 
 CPU = torch.device("cpu")
 PROMPTS = [[3, 4, 5, 6, 3, 4, 5], [40, 41, 42], [7] * 6]
@@ -19,7 +19,7 @@ def deep():
     """A 4-layer tiny Llama, so that self:L has a few L to choose from; logits spread so that rounding decides
     no argmax."""
     torch.manual_seed(1)
-    model = llama(num_hidden_layers=4, max_position_embeddings=512).eval()
+    model = tiny_llama(num_hidden_layers=4, max_position_embeddings=512).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20)
     return model
@@ -92,7 +92,7 @@ def test_an_alternative_leaf_is_accepted_where_the_chain_token_is_not(deep):
 
 def test_a_drafter_checkpoint_is_loaded_and_its_own_cache_used(deep, tmp_path):
     torch.manual_seed(2)
-    small = llama(num_hidden_layers=1, hidden_size=32, intermediate_size=64, max_position_embeddings=512)
+    small = tiny_llama(num_hidden_layers=1, hidden_size=32, intermediate_size=64, max_position_embeddings=512)
     small.save_pretrained(tmp_path / "drafter")
     p = sps(deep, drafter=str(tmp_path / "drafter"))
     assert p.drafter.config.num_hidden_layers == 1 and p.summary()["drafter_parameters"] < 20_000
@@ -153,7 +153,7 @@ def test_bad_parameters(deep, params, message, monkeypatch):
 
 
 def test_a_drafter_of_another_vocabulary_is_refused(deep, tmp_path):
-    llama(vocab_size=128, num_hidden_layers=1).save_pretrained(tmp_path / "other")
+    tiny_llama(vocab_size=128, num_hidden_layers=1).save_pretrained(tmp_path / "other")
     with pytest.raises(HarnessError, match="vocabulary of 128 tokens and the target 96"):
         sps(deep, drafter=str(tmp_path / "other"))
     (tmp_path / "empty").mkdir()

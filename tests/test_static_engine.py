@@ -3,11 +3,10 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
-from methods import kv
 from methods.common import HarnessError
-from methods.engine import HFEngine, StaticEngine, build_engine
+from methods.engine import HFEngine, StaticEngine, build_engine, kv
 from methods.tree import Tree, load_template
-from tests.conftest import generate_greedy, llama
+from tests.helpers import generate_greedy, tiny_llama
 
 
 def _logits_close(a, b):
@@ -92,8 +91,8 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
         build_engine(tiny_model, {"name": "static", "compile": True, "compile_mode": "fastest"})
     with pytest.raises(HarnessError, match="engine.pack must be one of auto, true, false"):
         build_engine(tiny_model, {"name": "static", "pack": "yes"})
-    half = llama(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=1).half()
+    half = tiny_llama(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1).half()
     with pytest.raises(HarnessError, match="engine.pack=true needs the CPU with float32 or bfloat16"):
         build_engine(half, {"name": "static", "pack": True})
     # bfloat16 packs only where the CPU has the instructions (an AVX2-only EPYC has not: oneDNN raised there).
@@ -148,8 +147,8 @@ def test_engines_restore_fp32_rotary_frequencies_of_a_cast_model():
     recompute it in fp32, so a cast model decodes with exact positions."""
     from tests.test_eagle import _rope_error
 
-    model = llama(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, max_position_embeddings=4096).half()
+    model = tiny_llama(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096).half()
     assert model.model.rotary_emb.inv_freq.dtype == torch.float16
     for engine in (HFEngine, StaticEngine):
         engine(model)

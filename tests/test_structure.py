@@ -1,6 +1,7 @@
-"""The structure the code relies on: ``methods/`` a strict stack under ``evaluation/``, nothing outside a
-method's module naming it, and no large file committed."""
+"""The structure the code relies on: ``methods/`` a strict stack of layers under ``evaluation/`` (every import
+read, those inside functions too), nothing outside a method's module naming it, and no large file committed."""
 import ast
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -9,56 +10,106 @@ import pytest
 from methods.base import known_methods
 from methods.common import ROOT
 
-# methods/ from the bottom up: a module imports (at its top level) only modules of lower layers.
+# methods/ from the bottom up (modules by their path under methods/, a package by its folder): a module imports
+# only modules of lower layers. Importing methods.a.b also imports the package methods.a (its __init__), which
+# counts for every importer outside that package.
 LAYERS = [
     {"common"},
-    {"params", "machine", "hub", "suffix", "sampling"},
-    {"tree", "ops"},
-    {"kv", "base"},
+    {"params", "machine", "hub", "sampling"},
+    {"tree", "engine.ops", "engine.kv"},
+    {"base", "engine.tuning"},
+    {"engine.core"},
+    {"engine.hf", "engine.static"},
     {"engine", "verify"},
-    {"decode", "autotree"},
-    {"calibrate"},
-    {"vanilla", "tr", "pld", "lookahead", "eagle", "medusa", "rest", "sps"},
-    {"sam", "eagle_train", "hydra"},
-    {"eagle3"},
+    {"decode", "autotree", "heads", "heads.fit", "heads.eagle"},
+    {"calibrate", "heads.eagle_train", "heads.medusa"},
+    {"heads.hydra", "heads.eagle3", "proposers", "proposers.suffix"},
+    {"proposers.vanilla", "proposers.pld", "proposers.lookahead", "proposers.tr", "proposers.rest", "proposers.sps",
+     "proposers.eagle", "proposers.medusa", "proposers.hydra"},
+    {"proposers.sam", "proposers.eagle3"},
+    {"__main__"},
 ]
 
 
-def imports(path: Path, top_level_only: bool) -> set[str]:
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else ast.walk(tree)
+def imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module ``path`` imports, wherever the statement stands (``from methods.engine import kv``:
+    methods.engine.kv; ``from methods.engine import build_engine``: methods.engine)."""
     out = set()
-    for node in nodes:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-            if node.module == "methods":
-                out |= {f"methods.{a.name}" for a in node.names}
+            folder = root.joinpath(*node.module.split("."))
+            for a in node.names:
+                sub = folder / a.name
+                out.add(f"{node.module}.{a.name}" if sub.with_suffix(".py").exists() or sub.is_dir() else node.module)
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
     return out
 
 
-def test_methods_is_a_strict_stack():
+def module_name(path: Path, root: Path) -> str:
+    """methods/engine/kv.py -> engine.kv; methods/engine/__init__.py -> engine."""
+    parts = path.relative_to(root / "methods").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def violations(root: Path) -> list[str]:
+    """Every import in ``root``/methods that breaks the stack, and every module without a layer."""
     layer = {name: i for i, names in enumerate(LAYERS) for name in names}
-    modules = {p.stem for p in (ROOT / "methods").glob("*.py")} - {"__init__"}
-    assert modules == set(layer), "a new module in methods/ needs its place in LAYERS"
-    for name in modules:
-        for imported in imports(ROOT / "methods" / f"{name}.py", top_level_only=True):
-            if imported.startswith("methods."):
-                other = imported.split(".")[1]
-                assert layer[other] < layer[name], f"methods/{name}.py imports methods.{other} (not below it)"
-            assert not imported.startswith(("evaluation", "scripts")), f"methods/{name}.py imports {imported}"
+    found = []
+    for path in sorted((root / "methods").rglob("*.py")):
+        name = module_name(path, root)
+        if name == "":
+            continue  # methods/__init__.py: a docstring
+        if name not in layer:
+            found.append(f"methods/{path.relative_to(root / 'methods')} has no place in LAYERS")
+            continue
+        for imported in imports(path, root):
+            if imported.startswith(("evaluation", "scripts", "tests")):
+                found.append(f"{name} imports {imported} (methods/ is below evaluation/ and scripts/)")
+            if not imported.startswith("methods.") or imported.count(".") == 0:
+                continue
+            target = imported.removeprefix("methods.")
+            needs = {target} | ({target.split(".")[0]} if "." in target and not name.startswith(
+                target.split(".")[0] + ".") and name != target.split(".")[0] else set())
+            for other in needs:
+                if other in layer and layer[other] >= layer[name]:
+                    found.append(f"{name} imports methods.{other} (layer {layer[other]}, not below its {layer[name]})")
+    return found
+
+
+def test_methods_is_a_strict_stack():
+    assert violations(ROOT) == []
+
+
+@pytest.mark.parametrize("module,planted", [
+    ("tree.py", "    from methods.proposers.tr import TokenRecycling\n"),   # a proposer from below, inside a function
+    ("engine/kv.py", "from methods import decode\n"),                   # the loop from the KV cache
+    ("heads/eagle.py", "import methods.proposers.eagle\n"),             # a head reading its method
+    ("common.py", "from evaluation import report\n"),                   # methods/ reaching evaluation/
+])
+def test_the_stack_check_catches_a_planted_back_import(tmp_path, module, planted):
+    shutil.copytree(ROOT / "methods", tmp_path / "methods", ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / "methods" / module
+    text = path.read_text()
+    if planted.startswith("    "):  # inside the first function of the module
+        at = text.index("\n", text.index("\ndef ") + 1) + 1
+        text = text[:at] + planted + text[at:]
+    else:
+        text += "\n" + planted
+    path.write_text(text)
+    found = violations(tmp_path)
+    assert found and all(f.startswith(module_name(path, tmp_path) + " imports") for f in found), found
 
 
 def test_no_method_is_named_outside_its_module():
-    """The runner, the reports and the checks take methods from the registry: none imports a method's module."""
-    method_modules = {f"methods.{m}" for m in ("vanilla", "tr", "pld", "lookahead", "eagle", "sam", "medusa", "rest",
-                                               "sps")}
-    assert set(known_methods()) >= {"vanilla", "tr", "pld", "lookahead", "eagle", "eagle2", "sam", "sam_tr",
-                                    "sam_eagle2"}
+    """The runner, the reports and the checks take methods from the registry: nothing in evaluation/ imports a
+    proposer's module."""
+    assert set(known_methods()) >= {"vanilla", "tr", "pld", "lookahead", "eagle", "eagle2", "eagle3", "sam", "sam_tr",
+                                    "sam_eagle2", "sps", "medusa", "hydra", "rest"}
     for path in (ROOT / "evaluation").glob("*.py"):
-        named = imports(path, top_level_only=False) & method_modules
+        named = {m for m in imports(path) if m.startswith("methods.proposers")}
         assert not named, f"{path.relative_to(ROOT)} imports {sorted(named)}"
+        assert not {m for m in imports(path) if m.startswith(("scripts", "tests"))}, path
 
 
 def test_no_tracked_file_is_over_12_mb():

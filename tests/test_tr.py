@@ -6,7 +6,7 @@ import torch
 
 from methods.base import Verification, build_proposer
 from methods.common import HarnessError
-from methods.tr import fit_tree
+from methods.proposers.tr import fit_tree
 from methods.tree import TreeError, load_template
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""scripts.train_eagle and methods.eagle_train: the prompts hold no Spec-Bench question; a short run writes a head
+"""scripts.train_eagle and methods.heads.eagle_train: the prompts hold no Spec-Bench question; a short run writes a head
 that loads and drafts; the data's cache name is a hash of what it holds."""
 import json
 
@@ -10,8 +10,8 @@ from evaluation.own_prompts import more_prompts, training_prompts
 from evaluation.prompts import prompt_ids
 from methods.base import build_proposer
 from methods.decode import generate
-from methods.eagle import load_head
-from methods.eagle_train import causal, data_key, head_pass, respond
+from methods.heads.eagle import load_head
+from methods.heads.eagle_train import causal, data_key, head_pass, respond
 from scripts.train_eagle import passage_prompts
 from tests.test_cli import cli
 
@@ -76,7 +76,7 @@ def test_unrolled_depths_equal_step_by_step_drafting(embedded):
     fed its own predicted feature with the next true token, s-1 times (each draft seeing its ancestors)."""
     from transformers import DynamicCache
 
-    from methods.eagle import random_head
+    from methods.heads.eagle import random_head
 
     model, _, _ = embedded
     head, embed = random_head(model.config, seed=1).float().eval(), model.get_input_embeddings()

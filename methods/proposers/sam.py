@@ -1,7 +1,7 @@
 """SAM-Decoding (Hu et al., arXiv 2411.10666, ACL 2025): drafts retrieved by suffix automata, alone or with a tree drafter.
 
 Every step looks for the longest suffix of the committed sequence (its newest token, the root,
-included) that occurred before, in two suffix automata (``methods.suffix``):
+included) that occurred before, in two suffix automata (``methods.proposers.suffix``):
 
 * the **dynamic** one over the request's prompt and output so far, all but the root (rebuilt for
   every request; a second turn's prompt holds the first turn);
@@ -15,9 +15,9 @@ whose first occurrence is followed by enough tokens, when the longest one's is n
 ``to_anc``). Otherwise the step is the tree drafter's:
 
 * ``sam``: none, a plain step;
-* ``sam_tr``: Token Recycling (``methods.tr``); its matrix learns from every verified node,
+* ``sam_tr``: Token Recycling (``methods.proposers.tr``); its matrix learns from every verified node,
   whichever drafter drafted it, and from the prompt's prefill logits (``start=hot_prompt``);
-* ``sam_eagle2``: EAGLE-2 (``methods.eagle``), whose head is fed every accepted token.
+* ``sam_eagle2``: EAGLE-2 (``methods.proposers.eagle``), whose head is fed every accepted token.
 
 This follows SAM-Decoding's code (hyx1999/SAM-Decoding, commit 18c41f0). The hybrids: ``DraftModel.lookup``
 in ``samd/draft.py`` (the choice), ``DynSAM`` and ``StaticSAM`` in ``samd/sam/`` (``transfer_state``,
@@ -53,10 +53,10 @@ import torch
 from methods.base import Draft, Preparation, Proposer, Verification, register
 from methods.calibrate import chain_budget
 from methods.common import CACHE, ROOT, HarnessError
-from methods.eagle import Eagle2
-from methods.params import AUTO, param
-from methods.suffix import FrozenAutomaton, SuffixAutomaton, corpus_automaton
-from methods.tr import FIRST_STEPS, STARTS, TokenRecycling
+from methods.params import AUTO, artefact, param
+from methods.proposers.eagle import Eagle2
+from methods.proposers.suffix import FrozenAutomaton, SuffixAutomaton, corpus_automaton
+from methods.proposers.tr import FIRST_STEPS, STARTS, TokenRecycling
 from methods.tree import Tree, graft
 
 DYNAMIC, STATIC = "sam", "sam_static"  # the drafter names of a chain step, by the automaton it came from
@@ -130,6 +130,10 @@ class _Retrieving(Proposer):
 
     Drafter: ClassVar[type | None] = None
 
+    @classmethod
+    def example(cls, folder, prompts) -> dict:
+        return cls.Drafter.example(folder, prompts) if cls.Drafter is not None else {}
+
     @dataclass
     class Params:  # the hybrids' defaults (samd/samd_config.py, scripts/inference_samd.sh)
         max_draft: int | str = param(39, "most tokens a retrieved chain drafts (the reference's n_predicts less the "
@@ -142,7 +146,7 @@ class _Retrieving(Proposer):
         alpha: float = param(0.0, "a chain drafts at most alpha x the match score (the SAM-only variant's rule); "
                              "0: no such limit", low=0)
         corpus: str | None = param(None, "the static automaton's corpus file (scripts.make_sam_corpus), or null; "
-                                   "in a run, the model config's sam_corpus", config="${model.sam_corpus}")
+                                   "in a run, the model config's artefacts.sam_corpus", config=artefact("sam_corpus"))
 
     def __init__(self, params, drafter: Proposer | None, corpus: FrozenAutomaton | None, about: dict | None,
                  device: torch.device):
@@ -300,10 +304,10 @@ class SamTokenRecycling(_Retrieving):
 
     @dataclass
     class Params(_Retrieving.Params, TokenRecycling.Params):
-        start: str = param("hot_prompt", "TR's start policy (methods.tr); hot_prompt: SAM-Decoding's, which also "
-                           "learns from the prompt's prefill logits", choices=STARTS)
-        first_step: str = param("prefill", "TR's first step (methods.tr); prefill: SAM-Decoding's, the prefill "
-                                "yields the first token", choices=FIRST_STEPS)
+        start: str = param("hot_prompt", "TR's start policy (methods.proposers.tr); hot_prompt: SAM-Decoding's, "
+                           "which also learns from the prompt's prefill logits", choices=STARTS)
+        first_step: str = param("prefill", "TR's first step (methods.proposers.tr); prefill: SAM-Decoding's, the "
+                                "prefill yields the first token", choices=FIRST_STEPS)
         merge: bool = param(False, "true: verify the retrieved chain and TR's tree together in one tree")
 
 

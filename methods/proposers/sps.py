@@ -38,8 +38,8 @@ from methods import hub
 from methods.base import Draft, Preparation, Proposer, Verification, register
 from methods.common import HarnessError
 from methods.engine import HFEngine, StaticEngine
-from methods.ops import can_pack
-from methods.params import param
+from methods.engine.ops import can_pack
+from methods.params import artefact, param
 from methods.tree import Tree
 
 SCHEDULES = ("heuristic", "constant")
@@ -122,14 +122,18 @@ class SpS(Proposer):
     @dataclass
     class Params:
         drafter: str | None = param(None, "a causal LM with the target's vocabulary (folder or hub id), or self:L, "
-                                    "the target's first L layers; in a run, the model config's sps_drafter",
-                                    config="${model.sps_drafter}")
+                                    "the target's first L layers; in a run, the model config's artefacts.sps_drafter",
+                                    config=artefact("sps_drafter"))
         draft_tokens: int = param(5, "chain length to start with (transformers' num_assistant_tokens)", low=1,
                                   high=MAX_DRAFT)
         schedule: str = param("heuristic", "heuristic: +2 after a fully accepted chain, -1 after any other (kept "
                               "across requests), as transformers' assisted generation | constant", choices=SCHEDULES)
         topk: int = param(1, "1: a chain; k: beside every chain token the drafter's next k-1 tokens, as leaves",
                           low=1, high=64)
+
+    @classmethod
+    def example(cls, folder, prompts) -> dict:
+        return {"drafter": "self:1"}
 
     def __init__(self, drafter, name: str, draft_tokens: int, schedule: str, topk: int):
         self.drafter, self.drafter_name = drafter, name

@@ -1,4 +1,4 @@
-"""Training an EAGLE draft head (``methods.eagle.EagleHead``) on its target's own hidden states.
+"""Training an EAGLE draft head (``methods.heads.eagle.EagleHead``) on its target's own hidden states.
 
 The recipe of EAGLE (arXiv 2401.15077, SafeAILab/EAGLE's eagle/train/), self-distilled:
 
@@ -14,7 +14,7 @@ The recipe of EAGLE (arXiv 2401.15077, SafeAILab/EAGLE's eagle/train/), self-dis
    them: depth s reads depth s-1's predicted feature and attends to its draft ancestors (the
    "training-time test" of EAGLE-3, arXiv 2503.01840), which raises the acceptance of the deeper drafts.
    Each epoch ends with ``validate`` on held-out sequences and a checkpoint in the published layout
-   (``methods.eagle.save_head``).
+   (``methods.heads.eagle.save_head``).
 
 The prompts, and the model that answers them, come from the caller (``scripts.train_eagle``): this module
 takes token ids and the target, so that ``methods`` never reaches into ``evaluation``.
@@ -34,7 +34,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from methods.common import load_torch_safe, save_torch_atomic
-from methods.eagle import EagleHead, save_head
+from methods.heads.eagle import EagleHead, save_head
 from methods.tree import additive_mask
 
 LOG_FILE = "train_log.json"  # beside the head: how it was made (the run's settings, data and every epoch)

@@ -32,180 +32,20 @@ rotary frequencies in fp32 (``fp32_rotary``).
 """
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import torch
-from torch import nn
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from methods import hub, kv
 from methods.base import Draft, Preparation, Proposer, Verification, register
-from methods.common import HarnessError, folder_replaced, write_json_atomic
-from methods.ops import Linear, can_pack, fp32_rotary
-from methods.params import param
+from methods.common import HarnessError
+from methods.engine import kv
+from methods.engine.ops import fp32_rotary
+from methods.heads import head_or_random, match_engine, target_lm_head
+from methods.heads.eagle import EagleHead, load_head, random_head
+from methods.params import artefact, param
 from methods.tree import Tree, additive_mask, load_template
 
-
 VERIFY_RULES = ("coupled", "specinfer")  # EAGLE-1 at temperature > 0 (methods.sampling)
-
-# The checkpoint layout, defined here once: load_head reads it, save_head writes it (scripts.train_eagle's heads,
-# data/eagle/), as SafeAILab/EAGLE publishes its heads and eagle/model/ea_model.py reads them.
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE, BIN_FILE = "model.safetensors", "pytorch_model.bin"  # load_head takes the first one present
-# config.json keys that shape the head beyond the target's config (read into head_config, with ROPE_KEYS below);
-# hidden_size and vocab_size are written too, to refuse a head made for another target.
-SHAPE_KEYS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-              "max_position_embeddings")
-# fc has a bias unless config.json says "bias": false, the key and default EAGLE's ea_model.py reads (its Llama-3
-# heads have none); save_head writes the key only for a head without one, so a head with a bias reads as before.
-BIAS_KEY = "bias"
-# Keys of a published checkpoint that the head does not use: the target's embeddings (shared) and old rotary buffers.
-IGNORED = ("embed_tokens.weight", "rotary_emb.inv_freq")
-
-
-class EagleHead(nn.Module):
-    """``fc([token embedding, feature])`` then one Llama decoder layer without its input norm."""
-
-    def __init__(self, config: LlamaConfig, bias: bool = True):
-        super().__init__()
-        self.config = config
-        h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=bias)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(config, layer_idx=0)])
-        self.layers[0].input_layernorm = nn.Identity()
-        self.rotary = LlamaRotaryEmbedding(config)
-
-    def forward(self, embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
-                mask: torch.Tensor, cache) -> torch.Tensor:
-        """[1, n, h] embeddings and features -> [1, n, h] predicted next features; appends n entries to ``cache``."""
-        x = self.fc(torch.cat([embeds, features], dim=-1))
-        return self.layers[0](x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                              use_cache=True, position_embeddings=self.rotary(x, position_ids))
-
-
-ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
-
-
-def head_config(target_config, **overrides) -> LlamaConfig:
-    """The head's config: the target's attention and MLP shapes, one layer; ``overrides`` from the head's own
-    config.json. Its rotary settings, when it has any, replace the target's (EAGLE's heads carry their own)."""
-    c = target_config.to_dict()
-    if any(k in overrides for k in ROPE_KEYS):
-        for k in ROPE_KEYS:
-            c.pop(k, None)
-    c.update(num_hidden_layers=1, **overrides)
-    config = LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "model_type")})
-    config._attn_implementation = "sdpa"
-    return config
-
-
-def expected_shapes(config: LlamaConfig, bias: bool = True) -> dict[str, tuple[int, ...]]:
-    h, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    d = getattr(config, "head_dim", None) or h // heads
-    i = config.intermediate_size
-    return {
-        "fc.weight": (h, 2 * h), **({"fc.bias": (h,)} if bias else {}),
-        "layers.0.self_attn.q_proj.weight": (heads * d, h), "layers.0.self_attn.k_proj.weight": (kv_heads * d, h),
-        "layers.0.self_attn.v_proj.weight": (kv_heads * d, h), "layers.0.self_attn.o_proj.weight": (h, heads * d),
-        "layers.0.mlp.gate_proj.weight": (i, h), "layers.0.mlp.up_proj.weight": (i, h),
-        "layers.0.mlp.down_proj.weight": (h, i), "layers.0.post_attention_layernorm.weight": (h,),
-    }
-
-
-def load_head(head: str, target_config) -> EagleHead:
-    """Read a head in the published layout and check it against the target; a mismatch names key and shapes."""
-    folder = hub.folder(head, "method.head", [CONFIG_FILE, "*.bin", "*.safetensors"],
-                        f"{CONFIG_FILE} and {BIN_FILE} or {SAFETENSORS_FILE}")
-    config_file = folder / CONFIG_FILE
-    if not config_file.is_file():
-        raise HarnessError(f"EAGLE head {folder} has no {CONFIG_FILE}")
-    raw = json.loads(config_file.read_text())
-    if raw.get("hidden_size") != target_config.hidden_size or raw.get("vocab_size", target_config.vocab_size) \
-            != target_config.vocab_size:
-        raise HarnessError(f"EAGLE head {folder} is for hidden size {raw.get('hidden_size')} and vocabulary "
-                          f"{raw.get('vocab_size')}, the target has {target_config.hidden_size} and "
-                          f"{target_config.vocab_size}: give the head trained for this model")
-    config = head_config(target_config, **{k: raw[k] for k in (*SHAPE_KEYS, *ROPE_KEYS) if k in raw})
-    bias = raw.get(BIAS_KEY, True)
-    state = read_weights(folder, "EAGLE", IGNORED)
-    want = expected_shapes(config, bias)
-    missing = sorted(set(want) - set(state))
-    if missing:
-        raise HarnessError(f"EAGLE head {folder} lacks {', '.join(missing)}: not a checkpoint in EAGLE's layout")
-    unknown = sorted(set(state) - set(want))
-    if unknown:
-        raise HarnessError(f"EAGLE head {folder} has keys this head does not know: {', '.join(unknown[:5])}")
-    for key, shape in want.items():
-        if tuple(state[key].shape) != shape:
-            raise HarnessError(f"EAGLE head {folder}: {key} has shape {tuple(state[key].shape)}, but the target "
-                              f"(hidden size {target_config.hidden_size}) needs {shape}")
-    model = EagleHead(config, bias)
-    model.load_state_dict(state, strict=False)  # the rotary buffer is not in a checkpoint
-    return model
-
-
-def read_weights(folder: Path, kind: str, ignored: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The state dict of a head folder in SafeAILab's layouts (``model.safetensors``, else ``pytorch_model.bin``),
-    without the keys that end in one of ``ignored``; neither file: refused naming the ``kind`` of head."""
-    if (folder / SAFETENSORS_FILE).is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(folder / SAFETENSORS_FILE)
-    elif (folder / BIN_FILE).is_file():
-        state = torch.load(folder / BIN_FILE, map_location="cpu", weights_only=True)
-    else:
-        raise HarnessError(f"{kind} head {folder} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
-    return {k: v for k, v in state.items() if not k.endswith(ignored)}
-
-
-def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.float16,
-              extra_json: dict[str, object] | None = None) -> Path:
-    """Write ``head`` in the layout load_head reads: config.json (hidden size and vocabulary, SHAPE_KEYS, the
-    rotary settings, the bias flag) and model.safetensors holding exactly expected_shapes' keys in ``dtype``
-    (fp16 by default, as EAGLE publishes its heads: half the bytes, and the head runs in the target's dtype
-    anyway). ``extra_json`` adds JSON files beside them, by name (a training log).
-
-    The folder is written whole beside its place and renamed into it, so a reader (or a killed training run)
-    finds the old head or the new one, never a config of one and the weights of another. Other files an
-    existing folder holds are carried over, as writing file by file kept them."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder).absolute()
-    if folder.exists() and not folder.is_dir():
-        raise HarnessError(f"cannot save the EAGLE head to {folder}: it is a file; give a folder")
-    c, bias = head.config, head.fc.bias is not None
-    state = head.state_dict()
-    weights = {k: state[k].detach().to(device="cpu", dtype=dtype).contiguous() for k in expected_shapes(c, bias)}
-    shapes = {**{k: getattr(c, k) for k in SHAPE_KEYS},
-              "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads}
-    config = {"architectures": ["EagleHead"], "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
-              "num_hidden_layers": 1, **shapes, ROPE_KEYS[0]: c.rope_parameters,
-              **({} if bias else {BIAS_KEY: False}), "torch_dtype": str(dtype).removeprefix("torch.")}
-    written = {CONFIG_FILE, SAFETENSORS_FILE, *(extra_json or {})}
-    with folder_replaced(folder) as tmp:
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                if entry.name not in written:
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.copytree(entry, tmp / entry.name, symlinks=True)
-                    else:
-                        shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
-        save_file(weights, str(tmp / SAFETENSORS_FILE))
-        write_json_atomic(tmp / CONFIG_FILE, config)
-        for name, obj in (extra_json or {}).items():
-            write_json_atomic(tmp / name, obj)
-    return folder
-
-
-def random_head(target_config, seed: int = 0) -> EagleHead:
-    torch.manual_seed(seed)
-    head = EagleHead(head_config(target_config))
-    head.apply(lambda m: nn.init.normal_(m.weight, std=0.02) if isinstance(m, nn.Linear) else None)
-    return head
 
 
 class _Eagle(Proposer):
@@ -218,7 +58,7 @@ class _Eagle(Proposer):
     @dataclass
     class Params:
         head: str | None = param(None, "a folder or hub id in EAGLE's layout, or random (lossless, slow); in a "
-                                 "run, the model config's head", config="${model.eagle_head}")
+                                 "run, the model config's artefacts.eagle_head", config=artefact("eagle_head"))
         topk: int = param(10, "candidates the head ranks per node (EAGLE's top-k)", low=1, high=64)
         seed: int = param(0, "for head=random")
 
@@ -227,10 +67,8 @@ class _Eagle(Proposer):
         self.head = fp32_rotary(head.to(device=device, dtype=next(target.parameters()).dtype)).eval()
         self.head.requires_grad_(False)
         self.embed = target.get_input_embeddings()  # shared with the target, as in EAGLE
-        dtype = next(target.parameters()).dtype
         # the target's lm_head turns predicted features into logits (oneDNN-packed on a CPU); EAGLE-3 has its own
-        self.lm_head = Linear(target.get_output_embeddings(), can_pack(device, dtype)) if self.uses_target_lm_head \
-            else None
+        self.lm_head = target_lm_head(target, device) if self.uses_target_lm_head else None
         self.width, self.head_name = width, head_name  # width: candidates per node (EAGLE's top-k)
         self.cache = None
         self.pending: torch.Tensor | None = None  # [m, h] target features not yet fed to the head
@@ -240,18 +78,17 @@ class _Eagle(Proposer):
         head_name, width = params.head, params.topk
         shared = {f.name for f in fields(_Eagle.Params)}
         extra = {f.name: getattr(params, f.name) for f in fields(params) if f.name not in shared}
-        if not head_name:
-            raise HarnessError(f"method '{cls.name}' needs a draft head and the model config names none: give "
-                              f"method.head=PATH (a folder in EAGLE's layout, or a hub id), train one with "
-                              f"python -m scripts.train_eagle, or method.head=random (lossless, slow)")
-        head = random_head(target.config, params.seed) if head_name == "random" else load_head(head_name, target.config)
+        head = head_or_random(cls.name, head_name, what="a draft head", layout="EAGLE", trainer="scripts.train_eagle",
+                              load=lambda h: load_head(h, target.config),
+                              random=lambda: random_head(target.config, params.seed))
         return cls(head, target, width, head_name, device, **extra)
 
+    @classmethod
+    def example(cls, folder, prompts) -> dict:
+        return {"head": "random"}
+
     def prepare(self, preparation: Preparation) -> None:
-        """Run the lm_head as the static engine runs its own: where engine.pack=auto measured plain weights
-        faster on this machine (or engine.pack=false, or engine.compile), the drafts' lm_head is not packed either."""
-        if getattr(preparation.engine, "pack", None) is False and self.lm_head is not None:
-            self.lm_head.unpack()
+        match_engine(self.lm_head, preparation)
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         """Next-token logits over the target's vocabulary at the head's predicted features."""
@@ -387,6 +224,10 @@ class Eagle2(_Eagle):
         depth: int = param(5, "expansions after the root's top-k: drafts reach depth + 1 (EAGLE-2's count)",
                            low=1, high=1024)
         total_tokens: int = param(60, "draft tree size, root included", low=2, high=1024)
+
+    @classmethod
+    def example(cls, folder, prompts) -> dict:
+        return {"head": "random", "total_tokens": 16}
 
     def __init__(self, head, target, width, head_name, device, depth: int, total_tokens: int):
         super().__init__(head, target, width, head_name, device)

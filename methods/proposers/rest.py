@@ -33,10 +33,10 @@ root in the query), the span loop of ``generate_candidates_and_draft_buffer`` in
 the prefix counts, the top ``choices``, the cut). Where we differ: the datastore keeps its sequences
 apart (the reference joins them end to end, so a continuation may run into the next one), an
 occurrence with nothing after it is skipped (the reference would fail on a match with only such
-occurrences), and the datastore is the SAM corpus format (``methods.suffix.save_corpus``: made with
+occurrences), and the datastore is the SAM corpus format (``methods.proposers.suffix.save_corpus``: made with
 ``python -m scripts.make_sam_corpus``, from the model's own answers or from texts the user brings,
 as the reference builds its datastores from ShareGPT or UltraChat) with its suffix array built here,
-once per file and kept in the cache (``python -m methods.rest --datastore FILE`` builds it ahead).
+once per file and kept in the cache (``python -m methods.proposers.rest --datastore FILE`` builds it ahead).
 """
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ import torch
 
 from methods.base import Draft, Proposer, register
 from methods.common import CACHE, ROOT, HarnessError, atomic, exit_on_error
-from methods.params import param
-from methods.suffix import SEPARATOR, load_corpus
+from methods.params import artefact, param
+from methods.proposers.suffix import SEPARATOR, load_corpus, save_corpus
 from methods.tree import Tree
 
 MAKE = "python -m scripts.make_sam_corpus --model MODEL [--texts FILE.jsonl] --out PATH"
@@ -199,7 +199,8 @@ class Rest(Proposer):
     @dataclass
     class Params:  # Spec-Bench's REST row (evaluation/inference_rest.py, DraftRetriever's search defaults)
         datastore: str | None = param(None, "the datastore: a token corpus file (python -m scripts.make_sam_corpus); "
-                                      "in a run, the model config's rest_datastore", config="${model.rest_datastore}")
+                                      "in a run, the model config's artefacts.rest_datastore",
+                                      config=artefact("rest_datastore"))
         num_draft: int = param(64, "at most this many draft nodes, and the budget of the reference's cut (module "
                                "docstring)", low=1, high=1024)
         max_token_span: int = param(16, "match the newest n tokens (the root included) in the datastore, n from this "
@@ -209,6 +210,13 @@ class Rest(Proposer):
                                  "(DraftRetriever's k)", low=1)
         depth: int = param(10, "each occurrence contributes the up to this many tokens after it: the deepest draft "
                            "(DraftRetriever's long)", low=1, high=1024)
+
+    @classmethod
+    def example(cls, folder, prompts) -> dict:
+        """A datastore of the prompts themselves, so that drafts are accepted at times."""
+        path = Path(folder) / "rest_example.npz"
+        save_corpus(path, prompts, {"source": "Rest.example: the prompts"})
+        return {"datastore": str(path)}
 
     def __init__(self, params: Params, store: Datastore, about: dict):
         self.params, self.store, self.about = params, store, about
@@ -251,7 +259,8 @@ class Rest(Proposer):
 
 @exit_on_error
 def main(argv=None) -> None:
-    """``python -m methods.rest --datastore FILE``: build a corpus file's suffix array into the cache ahead of a run."""
+    """``python -m methods.proposers.rest --datastore FILE``: build a corpus file's suffix array into the cache
+    ahead of a run."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--datastore", required=True, help="a token corpus file (python -m scripts.make_sam_corpus)")
     args = ap.parse_args(argv)

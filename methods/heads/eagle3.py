@@ -1,45 +1,21 @@
-"""EAGLE-3 (Li et al., arXiv 2503.01840): the draft head reads low, middle and high target layers.
-
-EAGLE-1/2's head predicts the target's last hidden state; EAGLE-3's predicts tokens directly, from a fusion
-of three of the target's layers. At committed position ``j`` the target's feature is the inputs of its
-decoder layers 2, L // 2 and L - 3 (L layers; transformers' ``hidden_states[i]``) side by side, ``g_j``
-[3h], as SafeAILab/EAGLE's ``eagle/model/modeling_llama_kv.py`` collects them. The head::
-
-    a_j   = fc(g_j)                          # 3h -> h; a draft node reads its parent's output o instead
-    o_j   = a_j + Attn(cat(norm_e(e(x_{j+1})), norm_h(a_j)))     # q, k, v from 2h inputs; its own KV cache
-    o_j   = o_j + MLP(norm_post(o_j))
-    logits = lm_head(norm(o_j))              # over a draft vocabulary: draft index i is token i + d2t[i]
-
-(``eagle/model/cnets.py``: ``Model``, ``LlamaDecoderLayeremb``). The draft tree is EAGLE-2's dynamic one
-(``methods.eagle.Eagle2``, which this proposer is, with the head and the logits above); Spec-Bench's EAGLE-3
-row (``evaluation/inference_eagle3.py``, fd2c1cd) runs total_token 60, depth 5, top_k 10, our defaults.
-
-The head's weights (``method.head``): a folder or hub id in the layout SafeAILab publishes
-(``yuhuili/EAGLE3-Vicuna1.3-13B``, ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``): ``config.json`` (the target's
-shapes, one layer, ``draft_vocab_size``) and ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.weight``,
-``midlayer.*``, ``norm.weight``, ``lm_head.weight`` and, when the draft vocabulary is smaller than the
-target's, ``d2t`` (and ``t2d``, unused here). The token embedding is the target's (EAGLE-3 loads it from the
-base model). A head whose ``target_hidden_size`` differs from its own hidden size is refused.
+"""EAGLE-3's draft head and its checkpoint layout (SafeAILab/EAGLE's EAGLE-3 heads), the draft vocabulary and
+its training. The method: ``methods.proposers.eagle3``.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from methods import hub
-from methods.base import register
 from methods.common import HarnessError, folder_replaced, write_json_atomic
-from methods.eagle import (BIN_FILE, CONFIG_FILE, ROPE_KEYS, SAFETENSORS_FILE, SHAPE_KEYS, Eagle2, head_config,
-                           read_weights)
-from methods.eagle_train import head_pass
-from methods.medusa import fit
-from methods.params import param
+from methods.heads.eagle import (BIN_FILE, CONFIG_FILE, ROPE_KEYS, SAFETENSORS_FILE, SHAPE_KEYS, head_config,
+                                 read_weights)
+from methods.heads.eagle_train import head_pass
+from methods.heads.fit import fit
 
 IGNORED = ("embed_tokens.weight", "t2d", "rotary_emb.inv_freq")  # the target's embedding; the reverse map; buffers
 
@@ -173,44 +149,6 @@ def random_head(target_config, seed: int = 0) -> Eagle3Head:
     return head
 
 
-@register
-class Eagle3(Eagle2):
-    """EAGLE-3: EAGLE-2's dynamic tree drafted by a head on three target layers with its own lm_head."""
-
-    name = "eagle3"
-    uses_target_lm_head = False
-
-    @dataclass
-    class Params(Eagle2.Params):
-        head: str | None = param(None, "a folder or hub id in EAGLE-3's layout, or random (lossless, slow); in a "
-                                 "run, the model config's eagle3_head", config="${model.eagle3_head}")
-        depth: int = param(5, "expansions after the root's top-k: drafts reach depth + 1 (Spec-Bench's EAGLE-3: 5)",
-                           low=1, high=1024)
-
-    def __init__(self, head, target, width, head_name, device, depth: int, total_tokens: int):
-        super().__init__(head, target, width, head_name, device, depth, total_tokens)
-        self.wants_hidden = feature_layers(target.config.num_hidden_layers)
-        self.vocab = target.config.vocab_size
-
-    @classmethod
-    def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "Eagle3":
-        if not params.head:
-            raise HarnessError("method 'eagle3' needs an EAGLE-3 head and the model config names none: give "
-                              "method.head=PATH (a folder in EAGLE-3's layout, or a hub id), or method.head=random "
-                              "(lossless, slow)")
-        feature_layers(target.config.num_hidden_layers)
-        head = random_head(target.config, params.seed) if params.head == "random" else \
-            load_head(params.head, target.config)
-        return cls(head, target, params.topk, params.head, device, params.depth, params.total_tokens)
-
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.head.logits(features, self.vocab)
-
-    def summary(self) -> dict:
-        return {**super().summary(), "feature_layers": list(self.wants_hidden),
-                "draft_vocab": self.head.lm_head.out_features}
-
-
 def draft_vocabulary(records: list[dict], size: int) -> torch.Tensor:
     """The ``size`` tokens most frequent in the records' responses, in increasing order: the draft vocabulary
     EAGLE-3's trainer picks (``eagle/traineagle3/cnets.py``, ``Model.scandata``: the most common tokens under the
@@ -246,12 +184,12 @@ def train(head: Eagle3Head, embed, lm_head, train_set: list[dict], val: list[dic
           lr: float = 1e-3, unroll: int = 3, positions: int = 64, seed: int = 0, max_steps: int | None = None,
           log=print) -> dict:
     """EAGLE-3's training with training-time test, self-distilled, on records with ``taps``
-    (``methods.eagle_train.features(layers=feature_layers(L))``): depth 1 reads the target's features, depth
-    s > 1 the head's own depth s - 1 outputs as drafting does (``methods.eagle_train.head_pass``); the loss of
+    (``methods.heads.eagle_train.features(layers=feature_layers(L))``): depth 1 reads the target's features, depth
+    s > 1 the head's own depth s - 1 outputs as drafting does (``methods.heads.eagle_train.head_pass``); the loss of
     depth s, weighted 0.8^(s-1), is the cross-entropy of the head's draft-vocabulary logits against the
     target's next-token distribution restricted to the draft vocabulary, at ``positions`` random response
     positions, those whose target token is outside it left out (``eagle/traineagle3``: cnets.py and
-    main.py); the target's embedding and lm_head frozen (``methods.medusa.fit``). Returns the log: steps,
+    main.py); the target's embedding and lm_head frozen (``methods.heads.fit.fit``). Returns the log: steps,
     minutes, the held-out top-1 accuracy of every depth."""
     tokens = head.tokens()
     inside = torch.zeros(head.config.vocab_size, dtype=torch.bool)

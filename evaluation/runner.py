@@ -1,0 +1,294 @@
+"""The runner: decode a selection of Spec-Bench questions with one method and one model into a run folder.
+
+``run(cfg, out)`` (what ``python -m evaluation.run`` calls) writes ``answers.jsonl`` (one whole line per finished
+question, Spec-Bench's format plus token ids and timings), ``config.yaml`` and ``summary.json``. Running it again
+resumes: finished questions are skipped, and every setting but ``RESULT_NEUTRAL`` must be as before. A run holds
+its folder for itself (``.lock``), and Ctrl-C keeps every finished answer (exit 130, summary ``interrupted``).
+``Runner`` answers one question at a time (the side-by-side benchmarks hold several).
+"""
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from textwrap import shorten
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, folder_lock
+from evaluation.config import ModelSpec, config_mismatch, int_setting, method_params, model_spec, sampling_settings
+from evaluation.data import Question, load_bench, shard
+from evaluation.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
+from evaluation.prompts import check_template, describe, prompt_ids
+from methods import machine
+from methods.base import Preparation, build_proposer
+from methods.common import CACHE, ROOT, HarnessError, atomic, load_torch_safe, save_torch_atomic, write_json_atomic
+from methods.decode import Generation, generate
+from methods.engine import build_engine
+from methods.sampling import Sampler, Sampling
+
+STATE = "proposer_state.pt"
+
+
+def environment(device: torch.device, dtype: torch.dtype) -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return ""
+
+    import fastchat
+    import transformers
+
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "fschat": fastchat.__version__,
+        "hydra": hydra.__version__,
+        "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "cpu_threads": torch.get_num_threads(),
+        "cpu": machine.cpu(),  # model, ISA flags, cores: which kernels win depends on them
+        "dtype": str(dtype).removeprefix("torch."),
+        "host": platform.node(),
+    }
+
+
+def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
+    """What a user should know before a run's numbers: said once, at the start."""
+    out = []
+    if dtype != torch.float32:
+        out.append(f"{str(dtype).removeprefix('torch.')}: in reduced precision a method's tokens equal vanilla "
+                   f"greedy's only up to near-ties (two logits closer than the arithmetic's noise, which a "
+                   f"different kernel or tree order can swap); python -m evaluation.equal VANILLA_RUN THIS_RUN "
+                   f"classifies every divergence. Token-identical checks: model.dtype=float32")
+    if dtype in (torch.bfloat16, torch.float16) and runner.device.type == "cpu" and not machine.native(dtype):
+        out.append(f"{str(dtype).removeprefix('torch.')} on this CPU ({machine.kind()}) has no native instructions "
+                   f"for it (AVX512-BF16/FP16 or AMX): a step of many tokens costs several times more than in "
+                   f"float32 (results/MEASUREMENTS.md, 'By machine kind'), so trees and drafts pay less than there")
+    if runner.max_new_tokens >= runner.context:
+        out.append(f"bench.max_new_tokens={runner.max_new_tokens} does not fit {runner.spec.name}'s context of "
+                   f"{runner.context} tokens (prompt included): turns stop at the context's end (stop=length)")
+    return out
+
+
+class Runner:
+    """Holds the loaded model and proposer; answers one question at a time."""
+
+    def __init__(self, cfg: DictConfig, loaded: tuple | None = None, spec: ModelSpec | None = None):
+        """``loaded``: a (model, tokenizer, device) already loaded for ``cfg.model``, to share between runners;
+        ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
+        self.spec = spec or model_spec(cfg)
+        self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
+        self.sampling = sampling_settings(cfg)
+        self.method, params = method_params(cfg)
+        self.model, self.tok, self.device = loaded or load_model(self.spec)
+        self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
+        self.engine = build_engine(self.model, OmegaConf.to_container(cfg.engine, resolve=True))
+        check_template(self.spec, self.tok)
+        self.proposer = build_proposer(self.method, params, vocab_size=self.model.config.vocab_size, target=self.model,
+                                       device=self.device)
+        self.stop_ids = stop_token_ids(self.model, self.tok)
+        self.context = max_context(self.model, self.spec)
+        self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
+                                          prompts=self.own_prompts, cache=CACHE))
+        self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
+
+    def own_prompts(self, n: int) -> list[list[int]]:
+        """The first ``n`` of the project's own prompts (never the benchmark's) in this model's template."""
+        from evaluation.own_prompts import calibration_prompts
+
+        return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
+
+    def decode(self, ids: list[int], max_new_tokens: int, turn: int, question: int = 0) -> Generation:
+        """One turn; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
+        sampler = None if self.sampling.greedy else Sampler(self.sampling, question, turn)
+        return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
+                        turn=turn, timer=self.timer, sampler=sampler)
+
+    def _folded(self, gen: Generation) -> int:
+        """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.metrics``): its drafting
+        references verify their first drafts in the prompt's own forward, so our prefill step joins the next."""
+        return int(self.proposer.drafts and gen.prefill_step and len(gen.accept_lengths) > 1)
+
+    @staticmethod
+    def _per_step(turns: list[Generation]) -> dict:
+        """The loop's per-step records, all turns in a row as ``accept_lengths`` (a decoder that keeps none,
+        like HF generate in benchmarks, writes none)."""
+        out = {}
+        if all(g.draft_nodes is not None for g in turns):
+            out["draft_nodes"] = [n for g in turns for n in g.draft_nodes]
+            out["draft_depths"] = [d for g in turns for d in g.draft_depths]
+        if any(g.step_info for g in turns):
+            out["step_info"] = [i for g in turns for i in (g.step_info or [None] * len(g.accept_lengths))]
+        return out
+
+    def answer(self, q: Question) -> dict:
+        self.engine.use_threads()  # its own thread count, whatever another runner in this process set
+        answers, turns = [], []
+        for i in range(len(q.turns)):
+            ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), answers)
+            room = self.context - len(ids)
+            if room < 1:
+                raise HarnessError(
+                    f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
+                    f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
+                    f"raise model.max_context if the model allows it")
+            gen = self.decode(ids, min(self.max_new_tokens, room), turn=i, question=q.question_id)
+            text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
+            answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
+            turns.append(gen)
+        return {
+            "question_id": q.question_id,
+            "category": q.category,
+            "answer_id": uuid.uuid4().hex,
+            "model_id": self.spec.name,
+            "method": self.method,
+            "choices": [{
+                "index": 0,
+                "turns": answers,
+                "decoding_steps": [len(g.accept_lengths) for g in turns],
+                "new_tokens": [len(g.token_ids) for g in turns],
+                "wall_time": [g.wall_time for g in turns],
+                "accept_lengths": [a for g in turns for a in g.accept_lengths],
+                "token_ids": [g.token_ids for g in turns],
+                "prefill_time": [g.prefill_time for g in turns],
+                "decode_time": [g.decode_time for g in turns],
+                "stop": [g.stop for g in turns],
+                "prefill_step": [g.prefill_step for g in turns],
+                "spec_bench_steps": [len(g.accept_lengths) - self._folded(g) for g in turns],
+                **self._per_step(turns),
+            }],
+            "tstamp": time.time(),
+            # Spec-Bench names the temperature in its model ids (-temp-0.7); ours say it here (sampled runs only)
+            **({"sampling": asdict(self.sampling)} if not self.sampling.greedy else {}),
+        }
+
+
+def run(cfg: DictConfig, out: Path) -> Path:
+    """Decode the selection into ``out``, resuming what is there; ``out`` is held for this process alone, and
+    left as it was found (nothing, if it was new) when the run fails before its first answer."""
+    with folder_lock(out, fix="wait for it to finish (rerun the same command then to resume), or choose "
+                              "another folder with hydra.run.dir=DIR"):
+        return _run(cfg, out)
+
+
+def _run(cfg: DictConfig, out: Path) -> Path:
+    int_setting(cfg.warmup, "warmup", 0)
+    int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
+    b = cfg.bench
+    selection = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
+                           limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
+    questions = shard(selection, cfg.runtime.shard, cfg.runtime.num_shards)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    config_file = out / "config.yaml"
+    if config_file.exists():
+        try:
+            before = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable YAML: one line
+            raise HarnessError(f"{config_file} is not a readable config ({type(e).__name__}); move the folder "
+                               f"away to start over") from None
+        if "sampling" not in before:  # a run from before sampling settings existed was greedy
+            before["sampling"] = asdict(Sampling())
+        mismatch = config_mismatch(before, resolved)
+        if mismatch:
+            raise HarnessError(
+                f"{out} holds a run with another configuration ({mismatch}); rerun with its settings to resume "
+                f"it, choose another folder with hydra.run.dir=DIR, or delete it to start over")
+    writer = AnswerWriter(out / ANSWERS)  # a bad line is refused here, before the model loads
+    with atomic(config_file) as tmp:
+        OmegaConf.save(cfg, tmp, resolve=True)
+    spec, claim = model_spec(cfg), None
+    if cfg.runtime.get("exclusive_device", False):  # parallel local jobs: one device each (conf/cluster/)
+        spec, claim = claim_device(spec)
+    runner = Runner(cfg, spec=spec)
+    compiled = runner.engine.summary().get("compiled")
+    if compiled:
+        print(f"compiled {len(compiled['graphs'])} step graph(s) (sizes {compiled['graphs']}) in "
+              f"{compiled['seconds']:.1f} s, before timing")
+    prompt = describe(runner.spec)
+    print(f"prompt format: {prompt['template']}; system prompt: {shorten(prompt['system_prompt'], 50)}; "
+          f"suffix {prompt['suffix']!r}; from {prompt['source']}")
+    dtype = next(runner.model.parameters()).dtype
+    for warning in start_warnings(runner, dtype):
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
+    todo = [q for q in questions if q.question_id not in writer.done]
+    summary = {
+        "status": "running",
+        "model": runner.spec.name,
+        "method": runner.method,
+        "bench": b.name,
+        "questions": len(questions),
+        "shard": {"index": cfg.runtime.shard, "count": cfg.runtime.num_shards,
+                  "selection": [q.question_id for q in selection], "questions": [q.question_id for q in questions]},
+        "config": resolved,
+        "environment": environment(runner.device, dtype),
+        "engine": runner.engine.summary(),
+        "prompt": prompt,
+        **({"device_claim": claim} if claim else {}),
+        **({"device_fallback": warning} if (warning := cpu_fallback(runner.spec, runner.device)) else {}),
+        "method_state": runner.proposer.summary(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(out / SUMMARY, summary)
+    try:
+        _answer_all(cfg, runner, out, writer, selection, todo)
+    except KeyboardInterrupt:
+        summary.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       answered=len(writer.done))
+        write_json_atomic(out / SUMMARY, summary)
+        kept = (f"{len(writer.done)} answer(s) kept in {out / ANSWERS}" if writer.done else "no answer had finished")
+        raise KeyboardInterrupt(f"{kept}; rerun the same command to resume") from None
+    summary.update(status="finished", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   answered=len(writer.done), method_state=runner.proposer.summary(), engine=runner.engine.summary())
+    write_json_atomic(out / SUMMARY, summary)
+    print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
+    return out
+
+
+def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter, selection: list[Question],
+                todo: list[Question]) -> None:
+    """Restore the method's state (a resumed run) or warm up, then answer ``todo`` one whole line at a time."""
+    state_file = out / STATE
+    if writer.done and state_file.exists():
+        saved = load_torch_safe(state_file, map_location=runner.device)
+        runner.proposer.load_state_dict(saved["state"])
+        if saved["answered"] != len(writer.done):
+            print(f"note: the run was killed between saving the {runner.method} state and its answer; the "
+                  f"resumed part's accept lengths may differ slightly from an unbroken run (its tokens cannot)")
+    elif todo:
+        # Spec-Bench warms up on the first question; resumed runs restore the proposer state instead.
+        # Every shard warms up on the selection's first question, so each starts as a single run does.
+        for _ in range(int(cfg.warmup)):
+            runner.answer(selection[0])
+
+    for name, content in runner.proposer.artefacts().items():  # e.g. tree=auto's tree.json
+        write_json_atomic(out / name, content)
+
+    from tqdm import tqdm
+
+    tokens = seconds = steps = 0
+    with tqdm(todo, desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
+              file=sys.stdout, dynamic_ncols=True) as bar:
+        for q in bar:
+            rec = runner.answer(q)
+            state = runner.proposer.state_dict()
+            if state:  # saved before the answer: a resumed run continues from the state after its last answer
+                save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "state": state})
+            writer.append(rec)
+            c = rec["choices"][0]
+            tokens += sum(c["new_tokens"])
+            seconds += sum(c["wall_time"])
+            steps += len(c["accept_lengths"])
+            bar.set_postfix(q=q.question_id, tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")

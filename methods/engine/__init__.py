@@ -1,0 +1,101 @@
+"""How the target model is run: one sequence, its KV cache, and three operations.
+
+Every method's forwards go through an engine (``methods.decode`` and the verifier
+``methods.verify`` call nothing else):
+
+* ``start(capacity)``: a new, empty sequence;
+* ``forward(tokens, tree=None, ...)``: run ``tokens`` after the committed prefix
+  (a causal chain, or a draft tree with tree attention) and write their KV entries;
+* ``commit(start, path)``: keep, of the entries written from ``start`` on, only the
+  accepted nodes ``path``.
+
+Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`` below):
+
+``hf`` (eager, the reference): the unmodified Hugging Face model with a growing
+    ``DynamicCache``; works for every architecture transformers loads.
+``static``: a lean forward of Llama-family models (Llama, Vicuna, SmolLM2) written
+    for decoding: a preallocated KV cache written by position (``kv.StaticKV``),
+    rejected drafts left in place and masked (never copied away), the tree mask
+    built on the device from the tree's ancestor matrix, rotary tables computed
+    once, and on the CPU the weights pre-packed once for oneDNN where that is faster
+    on the machine at hand: ``engine.pack=auto`` times both at start, once per machine
+    kind (``choose_pack``; packing won 1.8-2.4x for the MLP weights on an AVX-512
+    EPYC, 1.1-1.5x on an AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon).
+
+    ``engine.compile=true``: the decoder layers of every verification step run as a
+    ``torch.compile`` graph, one per step size (the number of tree nodes), static in
+    that size and dynamic only in the attention span and the cache capacity; the
+    prefill (its size is the prompt's) stays eager. The weights are the graph's
+    inputs, not packed for oneDNN (inductor's freezing would pack them but cannot cache
+    its artefacts); the compiled code is cached on disk (``data/cache/inductor``), so
+    only the first run pays for the code generation. ``prepare(sizes)`` compiles every
+    step size a proposer declares (``Proposer.step_sizes``) before anything is timed;
+    more than four sizes are padded up to powers of two (``graph_sizes``; a padding node
+    sees only itself and is never committed). ``engine.compile_mode`` is passed on
+    (``reduce-overhead`` adds CUDA graphs on a GPU).
+
+    On CUDA, grouped K/V heads are expanded before attention: with a mask no fused
+    kernel takes ``enable_gqa`` (``sdpa_backend``; ``summary()`` records the kernel).
+
+Both run on the CPU with ``engine.threads`` threads: ``auto`` takes ``OMP_NUM_THREADS`` where it is
+set (a launcher running jobs side by side sets it), else times a few forwards with each candidate
+count at the start and keeps the fastest (``choose_threads``).
+
+Both compute the same function; tokens can differ only where two logits tie to
+within rounding (``evaluation.equal`` shows where).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from methods.common import HarnessError
+from methods.engine.core import Engine, sdpa_backend
+from methods.engine.hf import HFEngine
+from methods.engine.static import COMPILE_MODES, INDUCTOR_CACHE, StaticEngine
+from methods.engine.tuning import choose_pack, choose_threads, time_variants
+from methods.params import AUTO, param, parse
+
+__all__ = ["ENGINE_PARAMS", "Engine", "HFEngine", "StaticEngine", "build_engine", "choose_pack", "choose_threads",
+           "sdpa_backend", "time_variants"]
+
+
+def _threads():
+    return param(AUTO, "CPU threads: auto takes OMP_NUM_THREADS where it is set, else the count that times fastest "
+                 "at the start (once per process, in the run summary)", low=1, auto=True)
+
+
+@dataclass
+class HFParams:
+    threads: int | str = _threads()
+
+
+@dataclass
+class StaticParams:
+    pack: str | bool = param("auto", "auto: on the CPU, pack the weights for oneDNN if that times faster on this "
+                             "machine kind (measured once, cached in data/cache/engine/, in the run summary)",
+                             choices=("auto", True, False))
+    compile: bool = param(False, "true: every verification step runs as a torch.compile graph (one per step "
+                          "size), cached in data/cache/inductor; eager measured faster on the CPUs tried "
+                          "(results/MEASUREMENTS.md)")
+    compile_mode: str = param("default", "torch.compile's mode; reduce-overhead adds CUDA graphs on a GPU",
+                              choices=COMPILE_MODES)
+    threads: int | str = _threads()
+
+
+ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams}  # engine=NAME: the declarations (methods.params)
+
+
+def build_engine(model, params: dict) -> Engine:
+    """The engine ``params['name']`` for ``model``, its other parameters checked against its declaration."""
+    params = dict(params)
+    name = params.pop("name", None)
+    if name not in ENGINE_PARAMS:
+        raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINE_PARAMS)}")
+    p = parse(ENGINE_PARAMS[name], params, f"engine '{name}'", prefix="engine")
+    if name == "hf":
+        return HFEngine(model, threads=p.threads)
+    if p.compile:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
+    return StaticEngine(model, pack=None if p.pack == AUTO else p.pack, compile=p.compile, mode=p.compile_mode,
+                        threads=p.threads)

@@ -1,0 +1,117 @@
+"""The engine interface: one sequence, its KV cache, three operations (``methods.engine`` says more), and the
+thread count every engine runs with."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from methods.common import HarnessError
+from methods.engine.ops import fp32_rotary
+from methods.engine.tuning import choose_threads
+from methods.machine import usable_cores
+from methods.params import AUTO
+from methods.tree import Tree
+
+
+class Engine:
+    """Runs the target model over one sequence at a time (see the module docstring)."""
+
+    name: str
+    expand_kv: bool  # grouped K/V heads are expanded before attention (sdpa_backend)
+
+    def __init__(self, model):
+        self.model = fp32_rotary(model)
+        self.device = model.device
+        self.dtype = next(model.parameters()).dtype
+        self.threads: int | None = None  # engine.threads as applied; None: torch's count as found
+        self.thread_choice: dict | None = None  # engine.threads=auto: how it was chosen (choose_threads)
+
+    def set_threads(self, threads: int | str | None) -> None:
+        """engine.threads: ``N`` threads, or ``auto``: on the CPU, ``OMP_NUM_THREADS`` where the environment sets
+        it, else the fastest count measured at the start (``choose_threads``); None leaves torch's count."""
+        if threads is None or (threads == AUTO and self.device.type != "cpu"):
+            return
+        cores = usable_cores()
+        if threads != AUTO and threads > cores:
+            raise HarnessError(f"engine.threads={threads} but this process may use {cores} CPU core(s): more threads "
+                               f"than cores only contend for them; set engine.threads=auto or at most {cores}")
+        if threads == AUTO:
+            if os.environ.get("OMP_NUM_THREADS"):
+                self.thread_choice = {"threads": torch.get_num_threads(), "from": "OMP_NUM_THREADS"}
+            else:
+                self.thread_choice = choose_threads(self)
+            threads = self.thread_choice["threads"]
+        self.threads = threads
+        self.use_threads()
+
+    def use_threads(self) -> None:
+        """Make torch run with this engine's thread count again (a process-wide setting: another engine in the
+        same process, a side-by-side benchmark's, may have changed it)."""
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
+    def start(self, capacity: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def length(self) -> int:
+        """Committed entries in the cache."""
+        raise NotImplementedError
+
+    def forward(self, tokens: torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
+                hidden: bool | tuple[int, ...] = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, vocab] (``last_only``: [1, vocab]) of ``tokens`` [n] placed after the committed
+        prefix, and with ``hidden`` the last hidden states [n, hidden] (what the lm_head reads); with ``hidden``
+        a tuple of layer indices, the inputs of those decoder layers side by side [n, len(hidden) * hidden]
+        (transformers' ``hidden_states[i]``: EAGLE-3's features).
+
+        ``tree=None`` or a chain: causal attention. A tree: node i at position ``length + depth[i]``,
+        seeing the prefix and its ancestors. The n entries are appended (``length`` grows by n);
+        ``commit`` then keeps the accepted ones.
+        """
+        raise NotImplementedError
+
+    def commit(self, start: int, path: list[int]) -> None:
+        """Keep, of the entries appended from slot ``start`` on, the nodes ``path`` (increasing) only."""
+        raise NotImplementedError
+
+    def prepare(self, sizes: list[int] | None) -> None:
+        """Get ready for steps of these sizes (tree nodes) before anything is timed (compiled engines compile)."""
+
+    def summary(self) -> dict:
+        """What the run summary records about the engine: its name, its attention kernel, compiled graphs."""
+        cfg = self.model.config
+        heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        out = {"name": self.name, "attention": sdpa_backend(heads, kv_heads, head_dim, self.dtype, self.device,
+                                                            expand_kv=self.expand_kv)}
+        if self.device.type == "cpu":
+            out["threads"] = self.threads or torch.get_num_threads()
+        if self.thread_choice is not None:
+            out["thread_choice"] = self.thread_choice
+        return out
+
+
+def sdpa_backend(heads: int, kv_heads: int, head_dim: int, dtype, device, expand_kv: bool) -> dict:
+    """The kernel ``scaled_dot_product_attention`` picks for a tree step: 8 queries, 64 keys, a bool mask.
+
+    With grouped-query attention (``kv_heads < heads``) and a mask, no fused CUDA kernel takes ``enable_gqa``
+    (PyTorch falls back to the math path), so on CUDA the K/V heads are expanded first (``expand_kv``).
+    """
+    q = torch.zeros(1, heads, 8, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(1, heads if expand_kv else kv_heads, 64, head_dim, dtype=dtype, device=device)
+    mask = torch.ones(8, 64, dtype=torch.bool, device=device)
+    return {"backend": sdpa_choice(q, k, k, mask),
+            "gqa": ("expanded" if expand_kv else "enable_gqa") if heads != kv_heads else "none"}
+
+
+def sdpa_choice(q, k, v, mask) -> str:
+    """The name of the kernel ``scaled_dot_product_attention(q, k, v, attn_mask=mask)`` runs (``enable_gqa``
+    when k has fewer heads than q)."""
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, False, enable_gqa=k.shape[1] != q.shape[1])).name
+    except Exception as e:  # a private function: report what it said rather than fail a run over it
+        return f"unknown ({type(e).__name__})"

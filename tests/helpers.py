@@ -1,0 +1,52 @@
+"""Helpers the test files share (the fixtures are in conftest.py): a command line in its own process, the one
+builder of small random models, greedy decoding by ``generate``, a shipped model config."""
+import os
+import subprocess
+import sys
+
+import torch
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from evaluation.config import ModelSpec
+from methods.common import ROOT
+
+
+def cli(*args, check: bool = True, env: dict | None = None, timeout: int = 900, **kw) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` in the project root, in a process of its own, its output captured. ``check``: a non-zero
+    exit fails the test; ``env``: variables set for it on top of this process's environment."""
+    p = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       env=None if env is None else {**os.environ, **env}, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def tiny_llama(shape: str | None = None, *, seed: int | None = None, **config) -> LlamaForCausalLM:
+    """A randomly initialised small Llama, built here and nowhere else in the tests (no download).
+
+    ``shape``: a shipped model's architecture at a small size (``evaluation.shapes.tiny``: its vocabulary, head
+    size, K/V grouping, rotary settings; the lm_head widened against rounding ties), seeded (``seed`` or 0). None:
+    a generic one (vocabulary 96, hidden 64, 2 layers, 4 heads on 2 K/V heads) seeded only when ``seed`` is
+    given. ``config``: more ``LlamaConfig`` fields, or overrides of the shape's."""
+    if shape is not None:
+        from evaluation.shapes import random_model
+
+        return random_model(shape, small=True, seed=seed or 0, **config)
+    if seed is not None:
+        torch.manual_seed(seed)
+    defaults = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2)
+    return LlamaForCausalLM(LlamaConfig(**{**defaults, **config}))
+
+
+def generate_greedy(model, prompt: list[int], max_new_tokens: int, **kw) -> list[int]:
+    """``model.generate``'s greedy continuation of ``prompt`` (new tokens only): what every method must emit."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def shipped_spec(name: str, **overrides) -> ModelSpec:
+    """The ModelSpec of the shipped model config ``conf/model/NAME.yaml``, with ``overrides``."""
+    raw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
+    return ModelSpec(**{**raw, **overrides})
