@@ -60,8 +60,8 @@ from scripts import gpu_check
 gpu_check.NEW_TOKENS = 16
 out = Path(sys.argv[1])
 check = gpu_check.Check(out, 300, torch.device("cpu"))
-print(gpu_check.methods(check, ["llama-3-8b-instruct"], [], only=("throwaway",)))
-print(gpu_check.sampled(check, "llama-3-8b-instruct", only=("throwaway",)))
+print("VERDICT", gpu_check.methods(check, ["llama-3-8b-instruct"], [], only=("throwaway",)))
+print("VERDICT", gpu_check.sampled(check, "llama-3-8b-instruct", only=("throwaway",)))
 '''
 
 
@@ -98,8 +98,8 @@ def test_a_new_method_is_run_by_the_gpu_check(throwaway, tmp_path):
     p = subprocess.run([sys.executable, str(folder / "gpu_check_it.py"), str(tmp_path)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    verdicts = p.stdout.strip().splitlines()[-2:]
-    assert all(v.startswith("ok") for v in verdicts), p.stdout[-3000:]
+    verdicts = [line for line in p.stdout.splitlines() if line.startswith("VERDICT ")]
+    assert len(verdicts) == 2 and all(v.startswith("VERDICT ok") for v in verdicts), p.stdout[-3000:]
     with open(tmp_path / "methods.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["method"] for r in rows} == {"throwaway"} and {r["engine"] for r in rows} == {"hf", "static"}

@@ -258,15 +258,17 @@ def test_reports_pair_a_sampled_run_with_vanilla_sampling_of_its_settings(tmp_pa
 
 @pytest.mark.slow
 def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded):
-    """A few hundred seeds on the real model: the first two tokens of a prompt under T=0.8, top-k 10, against the
-    exact distribution, for our sampler (vanilla and TR, which must agree token for token) and for generate."""
+    """200 seeds on the real model: the first two tokens of a prompt under T=0.8, top-k 10, against the exact
+    distribution, for our sampler (vanilla and TR, which must agree token for token). That the exact distribution
+    is computed right, generate's samples show on the tiny model (test_first_tokens_follow_the_exact_distribution_
+    as_generate_does: the same ``exact_pairs``)."""
     model, tok, spec = embedded
     from evaluation.prompts import prompt_ids
 
     settings = Sampling(temperature=0.8, top_k=10)
     prompt = prompt_ids(spec, tok, ["Write a short poem about the sea."], [])
     exact = exact_pairs(model, prompt, settings)
-    engine, n = StaticEngine(model), 300
+    engine, n = StaticEngine(model), 200
     samples = {}
     for method in ("vanilla", "tr"):
         proposer = build_proposer(method, {}, vocab_size=model.config.vocab_size, device=CPU)
@@ -275,13 +277,6 @@ def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded
                            for s in range(n)]
     assert samples["tr"] == samples["vanilla"]
     assert chi_square_p(samples["vanilla"], exact) > ALPHA
-    theirs = []
-    for seed in range(n):
-        torch.manual_seed(seed)
-        out = model.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=2, temperature=0.8, top_k=10,
-                             top_p=1.0)
-        theirs.append(tuple(out[0, len(prompt):].tolist()))
-    assert chi_square_p(theirs, exact) > ALPHA
 
 
 @pytest.mark.slow

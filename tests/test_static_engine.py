@@ -186,7 +186,7 @@ def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
 
     from methods.base import build_proposer
     from methods.decode import generate
-    from methods.engine import graph_sizes
+    from methods.engine.static import graph_sizes
 
     p = build_proposer("pld", {"num_pred_tokens": 10}, vocab_size=96, device=torch.device("cpu"))
     assert graph_sizes(p.step_sizes()) == [1, 2, 4, 8, 16]
