@@ -3,6 +3,7 @@ read, those inside functions too), nothing outside a method's module naming it, 
 import ast
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,13 @@ def test_no_tracked_file_is_over_12_mb():
     sizes = {n.decode(): (ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file()}
     assert len(sizes) > 100, "git ls-files listed too few files to be this project"
     assert not {n: s for n, s in sizes.items() if s >= 12_000_000}
+
+
+def test_config_composition_imports_no_torch():
+    """evaluation.config (composing, the model spec, the mismatch check) is importable without torch, and the
+    runner's entry point does nothing on import (no resolver, no config store filled)."""
+    code = ("import sys\nimport evaluation.config\nassert 'torch' not in sys.modules, 'torch imported'\n"
+            "from omegaconf import OmegaConf\nimport evaluation.run\n"
+            "assert not OmegaConf.has_resolver('run_folder'), 'a resolver registered on import'\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
