@@ -13,6 +13,7 @@ tree) in its ``artefacts`` hook.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,15 +174,21 @@ def register(cls):
     return cls
 
 
-def registry() -> dict[str, type]:
-    """Every registered method by name: each module of ``methods/proposers/`` is imported (a new method's module
-    needs no list to join), and a method registered from elsewhere is included once its module is imported."""
+@functools.cache
+def _import_proposers() -> None:
+    """Import every module of ``methods/proposers/`` (once per process): each registers its methods."""
     import importlib
     import pkgutil
 
     package = importlib.import_module(PROPOSERS)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{PROPOSERS}.{module.name}")
+
+
+def registry() -> dict[str, type]:
+    """Every registered method by name: each module of ``methods/proposers/`` is imported (a new method's module
+    needs no list to join), and a method registered from elsewhere is included once its module is imported."""
+    _import_proposers()
     return dict(sorted(_REGISTRY.items()))
 
 

@@ -15,9 +15,13 @@ def names(group):
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def _compose(*overrides):
+def _compose(*overrides, return_hydra_config: bool = False):
+    """Hydra's own compose, after the registered methods, engines and resolvers are given to it."""
+    from evaluation.config import register
+
+    register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def test_method_and_engine_options_come_from_their_declarations():
@@ -96,10 +100,7 @@ def test_every_experiment_point_composes_and_builds(experiment, embedded):
 
     from methods.base import build_proposer
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        from hydra import compose as hydra_compose
-
-        full = hydra_compose(config_name="config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    full = _compose(f"experiment={experiment}", return_hydra_config=True)
     assert full.hydra.mode.name == "MULTIRUN"
     params = full.hydra.sweeper.params
     assert params, f"experiment {experiment} sweeps nothing"
