@@ -33,8 +33,9 @@ run: setup
 	$(PY) -m evaluation.report $(SMOKE) --out results/reports/smoke
 
 # One worker per core (pytest-xdist), each on one OpenMP thread: most tests are small models whose steps gain
-# nothing from a second thread, and two multi-threaded processes on two cores wait on each other.
-XDIST := -n auto --dist load
+# nothing from a second thread, and two multi-threaded processes on two cores wait on each other. A module whose
+# tests share an expensive run marks itself xdist_group, and its tests go to one worker (loadgroup).
+XDIST := -n auto --dist loadgroup
 test: setup
 	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=15; rc=$$?; \
 		echo "make test: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc

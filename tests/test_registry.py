@@ -57,7 +57,7 @@ import throwaway_method  # noqa: F401
 import torch
 from scripts import gpu_check
 
-gpu_check.NEW_TOKENS = 16
+gpu_check.NEW_TOKENS, gpu_check.VOCAB = 16, 8192  # as the dry run (--cpu)
 out = Path(sys.argv[1])
 check = gpu_check.Check(out, 300, torch.device("cpu"))
 print("VERDICT", gpu_check.methods(check, ["llama-3-8b-instruct"], [], only=("throwaway",)))

@@ -26,6 +26,8 @@ from tests.checkpoints import save_model
 from tests.helpers import cli
 from tests.test_cli import QIDS, _bad, run_args, run_overrides
 
+pytestmark = pytest.mark.xdist_group("test_reliability")  # on one worker (make test), so that finished is made once
+
 FINISHED = ("bench.question_ids=[81,161]",)
 
 

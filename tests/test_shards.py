@@ -12,10 +12,12 @@ from methods.common import HarnessError
 from tests.helpers import cli
 from tests.test_cli import QIDS
 
+pytestmark = pytest.mark.xdist_group("test_shards")  # on one worker (make test), so that runs is made once
+
 
 def run(out, *extra):
     cli("evaluation.run", f"hydra.run.dir={out}", "warmup=1", "runtime.progress=false", "method=tr",
-        f"bench.question_ids=[{','.join(map(str, QIDS))}]", "bench.max_new_tokens=12", *extra)
+        "method.tree=grown-n30-d6", f"bench.question_ids=[{','.join(map(str, QIDS))}]", "bench.max_new_tokens=12", *extra)
     return out
 
 
