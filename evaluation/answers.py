@@ -6,22 +6,32 @@ Each line is one question::
      "tstamp": 1764430000.0, "method": "tr",
      "choices": [{"index": 0,
                   "turns": ["text of turn 1", "text of turn 2"],      # Spec-Bench
-                  "decoding_steps": [40, 37],                          # Spec-Bench: target forwards per turn
+                  "decoding_steps": [39, 36],                          # Spec-Bench: steps per turn, as its scripts
+                                                                       # count them (evaluation/metrics.py)
                   "new_tokens": [128, 128],                            # Spec-Bench: tokens generated per turn
                   "wall_time": [2.91, 2.75],                           # Spec-Bench: seconds per turn, prefill included
-                  "accept_lengths": [1, 3, 2, ...],                    # Spec-Bench: tokens per step, all turns
+                  "accept_lengths": [4, 2, ...],                       # Spec-Bench: tokens per step, all turns, the
+                                                                       # first token in the first step where its
+                                                                       # scripts put it there
+                  "our_decoding_steps": [40, 37],                      # ours: target forwards per turn
+                  "our_accept_lengths": [1, 3, 2, ...],                # ours: tokens per target forward, all turns
+                                                                       # (the prefill's one token its own step)
                   "token_ids": [[...], [...]],                         # ours: generated ids per turn
                   "prefill_time": [0.05, 0.07], "decode_time": [2.86, 2.68],
                   "stop": ["length", "eos"],
                   "prefill_step": [true, true],                        # ours: the turn's first step is the
                                                                        # prefill's one token
-                  "spec_bench_steps": [39, 36],                        # ours: steps as Spec-Bench counts them
-                                                                       # (evaluation/metrics.py)
-                  "draft_nodes": [0, 81, 81, ...],                     # ours, per step as accept_lengths: nodes
+                  "draft_nodes": [0, 81, 81, ...],                     # ours, per step as our_accept_lengths: nodes
                                                                        # verified (the prefill step: 0)
                   "draft_depths": [0, 6, 6, ...],                      # ours, per step: deepest acceptable draft
                   "step_info": [null, {"drafter": "tr"}, ...]}]}       # ours, where the method says something of
                                                                        # its steps (a hybrid: which drafter)
+
+So Spec-Bench's ``evaluation/speed.py`` reads its own convention from our files. In this process a record is
+seen per target forward (``from_file``): ``accept_lengths`` and ``decoding_steps`` are ours, and
+``spec_bench_steps`` holds Spec-Bench's steps per turn; ``to_file`` writes it back. Files written before
+``our_accept_lengths`` existed held our steps under Spec-Bench's keys and ``spec_bench_steps`` beside them: they
+read as before.
 """
 from __future__ import annotations
 
@@ -81,6 +91,39 @@ def separate_runs_note(summaries: list[dict]) -> str | None:
             "speedups a paper can use")
 
 
+def to_file(rec: dict) -> dict:
+    """The record as its line says it: Spec-Bench's steps under Spec-Bench's keys, ours under ``our_*``. Each turn
+    whose first step Spec-Bench's scripts fold into the next (``decoding_steps`` one more than
+    ``spec_bench_steps``) has its first two accept lengths added into one. A record without ``spec_bench_steps``
+    (HF generate's, a foreign one) is written as it is."""
+    c = rec["choices"][0]
+    if "spec_bench_steps" not in c:
+        return rec
+    theirs, at = [], 0
+    for ours, steps in zip(c["decoding_steps"], c["spec_bench_steps"]):
+        turn = c["accept_lengths"][at:at + ours]
+        at += ours
+        theirs += [turn[0] + turn[1], *turn[2:]] if ours - steps == 1 else turn
+    choice = {k: v for k, v in c.items() if k not in ("decoding_steps", "accept_lengths", "spec_bench_steps")}
+    choice.update(decoding_steps=c["spec_bench_steps"], accept_lengths=theirs, our_decoding_steps=c["decoding_steps"],
+                  our_accept_lengths=c["accept_lengths"])
+    order = ["index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"]
+    return {**rec, "choices": [{k: choice[k] for k in [*order, *(k for k in choice if k not in order)] if k in choice},
+                               *rec["choices"][1:]]}
+
+
+def from_file(rec: dict) -> dict:
+    """The record per target forward (``to_file``'s inverse): ``accept_lengths`` and ``decoding_steps`` ours,
+    ``spec_bench_steps`` Spec-Bench's. A line without ``our_accept_lengths`` is read as it is."""
+    c = rec["choices"][0]
+    if "our_accept_lengths" not in c:
+        return rec
+    choice = {k: v for k, v in c.items() if k not in ("our_decoding_steps", "our_accept_lengths")}
+    choice.update(decoding_steps=c["our_decoding_steps"], accept_lengths=c["our_accept_lengths"],
+                  spec_bench_steps=c["decoding_steps"])
+    return {**rec, "choices": [choice, *rec["choices"][1:]]}
+
+
 def read_answers(path: str | Path) -> list[dict]:
     p = answer_file(path)
     records, seen = [], set()
@@ -89,7 +132,7 @@ def read_answers(path: str | Path) -> list[dict]:
         if rec["question_id"] in seen:
             raise HarnessError(f"{where}: question {rec['question_id']} is answered twice")
         seen.add(rec["question_id"])
-        records.append(rec)
+        records.append(from_file(rec))
     if not records:
         raise HarnessError(f"answer file {p} holds no answers")
     return records
@@ -117,7 +160,7 @@ class AnswerWriter:
     def append(self, record: dict) -> None:
         """Write one line and count it as done, with SIGINT held back in between: a Ctrl-C lands before the line
         or after it is counted, never between (the message "N answer(s) kept" then matches the file)."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+        line = json.dumps(to_file(record), ensure_ascii=False) + "\n"
         with _sigint_held():
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)

@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers, to_file
 from methods.common import HarnessError, exit_on_error, read_json, write_json_atomic, write_jsonl_atomic
 
 
@@ -71,7 +71,7 @@ def _merge(shard_dirs: list[Path], out: Path) -> Path:
     unanswered = [q for q in selection if q not in by_id]
     if unanswered:
         raise HarnessError(f"questions {unanswered[:10]} of the selection have no answer in any shard")
-    write_jsonl_atomic(out / ANSWERS, [by_id[q] for q in selection], ensure_ascii=False)
+    write_jsonl_atomic(out / ANSWERS, [to_file(by_id[q]) for q in selection], ensure_ascii=False)
     merged = {k: v for k, v in first.items() if k not in ("shard", "environment", "method_state")}
     merged.update(status="finished", questions=len(selection), answered=len(selection),
                   shards=[{"folder": str(d), "environment": s["environment"], "method_state": s.get("method_state")}

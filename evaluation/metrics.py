@@ -10,13 +10,16 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 * **MAT** (mean accepted tokens) = mean of all accept lengths of a task
   = total new tokens / total steps: every target forward is a step.
 * **MAT (Spec-Bench)** = the same tokens over the steps Spec-Bench's scripts count
-  (``spec_bench_steps`` per turn, written by the runner): their drafting methods (PLD,
-  EAGLE, TR) verify the first drafts in the prompt's own forward, so its first token
-  belongs to their first step, and a turn whose first step was our prefill's one token
-  has one step fewer there. Vanilla (Spec-Bench's baseline: ``generate``, a step per
-  token) is 1 in both. Worked example: a turn of accept lengths ``[1, 3, 2]`` (prefill,
-  two steps) has MAT 2.0 ours, 3.0 Spec-Bench's. A file without the field counts its
-  accept lengths as they are (Spec-Bench's own files are in its convention already).
+  (``spec_bench_steps`` per turn): their drafting methods (PLD, EAGLE, TR) verify the
+  first drafts in the prompt's own forward, so its first token belongs to their first
+  step, and a turn whose first step was our prefill's one token has one step fewer
+  there. Vanilla (Spec-Bench's baseline: ``generate``, a step per token) is 1 in both.
+  Worked example: a turn of accept lengths ``[1, 3, 2]`` (prefill, two steps) has MAT
+  2.0 ours, 3.0 Spec-Bench's. Our answer files hold Spec-Bench's steps under its keys
+  (``[4, 2]`` here; ours under ``our_accept_lengths``: ``evaluation.answers``), so this
+  is exactly what Spec-Bench's ``evaluation/speed.py`` prints for them: the mean of every
+  ``accept_lengths`` entry of the task. A file without the field counts its accept
+  lengths as they are (Spec-Bench's own files are in its convention already).
 * **tokens/s** of a task = total new tokens / total wall time over its questions
   (wall time includes the prefill).
 * **speedup** = tokens/s of the method / tokens/s of the baseline, over the
@@ -28,8 +31,12 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 * **accepted-length distribution** = share of steps by accept length, over the
   same steps that MAT averages.
 * **speedup (Spec-Bench)** = mean over questions of per-question tokens/s of the
-  method / the same mean for the baseline: the number Spec-Bench's speed script
-  prints, kept beside ours so that published tables can be compared.
+  method / the same mean for the baseline, where (as Spec-Bench's ``evaluation/speed.py``
+  counts them) the method's tokens are its ``new_tokens`` and the baseline's are each
+  turn's text re-tokenized with the model's tokenizer, minus one (the BOS of Llama's
+  tokenizers) (``baseline_tokens``, given by the report from the baseline's run; without
+  a tokenizer its ``new_tokens``): the number that script prints, kept beside ours so
+  that published tables can be compared.
 * **acceptance at depth d** = the share of steps whose draft reached depth d (an
   acceptable draft node that deep: ``draft_depths``) and whose path reached depth d - 1,
   that accepted a draft at depth d: how often a depth-d draft is accepted given that its
@@ -52,8 +59,15 @@ from evaluation.data import TASKS, task_of
 OVERALL = "overall"
 
 
-def per_question(records: list[dict]) -> pd.DataFrame:
-    """One row per question: raw counters summed over its turns."""
+def spec_bench_tokens(records: list[dict], tokenizer) -> dict[int, int]:
+    """Per question, the new tokens Spec-Bench's ``evaluation/speed.py`` counts for a baseline: each turn's text
+    re-tokenized by ``tokenizer`` (special tokens added, as its call does), minus one."""
+    return {r["question_id"]: sum(len(tokenizer(t).input_ids) - 1 for t in r["choices"][0]["turns"]) for r in records}
+
+
+def per_question(records: list[dict], tokens: dict[int, int] | None = None) -> pd.DataFrame:
+    """One row per question: raw counters summed over its turns; ``tokens``: the new tokens Spec-Bench counts
+    (``spec_bench_tokens``; default ``new_tokens``)."""
     rows = []
     for r in records:
         c = r["choices"][0]
@@ -66,9 +80,11 @@ def per_question(records: list[dict]) -> pd.DataFrame:
             "steps": steps,
             "steps_specbench": sum(c.get("spec_bench_steps", [steps])),
             "accepted": sum(c["accept_lengths"]),
+            "tokens_specbench": sum(c["new_tokens"]) if tokens is None else tokens[r["question_id"]],
         })
     df = pd.DataFrame(rows).set_index("question_id")
     df["tok_per_s"] = df["new_tokens"] / df["wall_time"]
+    df["tok_per_s_specbench"] = df["tokens_specbench"] / df["wall_time"]
     return df
 
 
@@ -82,10 +98,12 @@ def _aggregate(q: pd.DataFrame) -> dict:
     }
 
 
-def task_table(records: list[dict], baseline: list[dict] | None = None) -> pd.DataFrame:
-    """Per task and overall: MAT, tokens/s and, given a baseline, both speedups on paired questions."""
+def task_table(records: list[dict], baseline: list[dict] | None = None,
+               baseline_tokens: dict[int, int] | None = None) -> pd.DataFrame:
+    """Per task and overall: MAT, tokens/s and, given a baseline, both speedups on paired questions
+    (``baseline_tokens``: the baseline's tokens as Spec-Bench counts them, ``spec_bench_tokens``)."""
     q = per_question(records)
-    b = per_question(baseline) if baseline is not None else None
+    b = per_question(baseline, baseline_tokens) if baseline is not None else None
     if b is not None:
         common = q.index.intersection(b.index)
         q, b = q.loc[common], b.loc[common]
@@ -97,28 +115,29 @@ def task_table(records: list[dict], baseline: list[dict] | None = None) -> pd.Da
         if b is not None:
             base = _aggregate(b.loc[sel.index])
             row["baseline_tok_per_s"] = base["tok_per_s"]
-            row["baseline_mean_q_tok_per_s"] = base["mean_q_tok_per_s"]
+            row["baseline_mean_q_tok_per_s"] = b.loc[sel.index, "tok_per_s_specbench"].mean()
             row["speedup"] = row["tok_per_s"] / base["tok_per_s"]
-            row["speedup_specbench"] = row["mean_q_tok_per_s"] / base["mean_q_tok_per_s"]
+            row["speedup_specbench"] = row["mean_q_tok_per_s"] / row["baseline_mean_q_tok_per_s"]
         rows[name] = row
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "task"
     return df
 
 
-def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = None) -> pd.DataFrame:
+def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = None,
+                 baseline_tokens: list[dict[int, int] | None] | None = None) -> pd.DataFrame:
     """Per task and overall, the mean and spread of MAT, tokens/s and speedups over repeated runs.
 
     ``runs`` are the repeats of one configuration, ``baselines`` the repeats of its baseline.
     Columns: ``<metric>`` (mean over repeats) and ``<metric>_std`` (sample standard deviation,
     NaN for a single run) for ``mat``, ``tok_per_s``, ``speedup`` and ``speedup_specbench``;
-    ``questions`` and ``repeats``. Worked example: two repeats at 10 and 12 tokens/s against
+    ``questions`` and ``repeats``; ``baseline_tokens``: per baseline, its ``spec_bench_tokens``. Worked example: two repeats at 10 and 12 tokens/s against
     one baseline run at 5 tokens/s give speedup 2.2 with std 0.283 (= stdev of 2.0 and 2.4).
     """
     tables = []
     for i, recs in enumerate(runs):
         if baselines:
-            paired = [task_table(recs, b) for b in baselines]
+            paired = [task_table(recs, b, n) for b, n in zip(baselines, baseline_tokens or [None] * len(baselines))]
             t = paired[0][["questions", "mat", "mat_specbench", "tok_per_s", "mean_q_tok_per_s"]].copy()
             base = sum(p["baseline_tok_per_s"] for p in paired) / len(paired)
             base_q = sum(p["baseline_mean_q_tok_per_s"] for p in paired) / len(paired)

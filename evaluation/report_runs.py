@@ -2,6 +2,7 @@
 configuration into rows, each with its baseline; the lines that say where and how the runs were timed."""
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -92,6 +93,32 @@ def load_run(file: Path, label: str | None = None) -> Run:
     if len(models) != 1:
         raise HarnessError(f"{file} answers with several models {models}; give one answer file per model and method")
     return Run(file, records, {}, models[0], label or (file.parent.name if file.name == ANSWERS else file.stem))
+
+
+def spec_bench_tokens_of(file: str | Path, records: list[dict]) -> dict[int, int] | None:
+    """The new tokens Spec-Bench's ``evaluation/speed.py`` counts for ``records`` as a baseline
+    (``evaluation.metrics.spec_bench_tokens``), with the tokenizer of the model in the run's ``config.yaml``
+    beside the answer file; None where there is no such config or its tokenizer cannot be read here."""
+    from omegaconf import OmegaConf
+
+    config = Path(file).parent / "config.yaml" if Path(file).is_file() else Path(file) / "config.yaml"
+    if not config.is_file():
+        return None
+    model = OmegaConf.to_container(OmegaConf.load(config), resolve=True).get("model") or {}
+    try:
+        tokenizer = _tokenizer(json.dumps(model, sort_keys=True))
+    except (HarnessError, OSError, TypeError, ValueError):
+        return None
+    from evaluation.metrics import spec_bench_tokens
+
+    return spec_bench_tokens(records, tokenizer)
+
+
+@functools.cache
+def _tokenizer(model: str):
+    from evaluation.models import ModelSpec, load_tokenizer
+
+    return load_tokenizer(ModelSpec(**json.loads(model)))
 
 
 def sampling_label(sampling: dict | None) -> str | None:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
 from evaluation.metrics import task_table
-from evaluation.report_runs import sampling_label
+from evaluation.report_runs import sampling_label, spec_bench_tokens_of
 from methods.common import HarnessError, exit_on_error
 
 COLUMNS = {
@@ -47,6 +47,7 @@ def sampling_of(records: list[dict], path: str) -> str:
 def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
     base = read_answers(baseline) if baseline else None
     base_sampling = sampling_of(base, baseline) if base is not None else None
+    base_tokens = spec_bench_tokens_of(baseline, base) if base is not None else None
     tables = []
     records = [read_answers(path) for path in runs]
     labels = [label(recs, path) for recs, path in zip(records, runs)]
@@ -65,7 +66,7 @@ def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
             raise HarnessError(f"{path} decoded with sampling {sampling} but the baseline {baseline} with "
                                f"{base_sampling}; give as --baseline the vanilla run with the same sampling.* "
                                f"settings (a speedup compares two ways of computing the same tokens)")
-        t = task_table(recs, base).reset_index()
+        t = task_table(recs, base, base_tokens).reset_index()
         t.insert(0, "method", name)
         t.insert(1, "sampling", sampling)
         tables.append(t)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from evaluation.data import TASKS
 from evaluation.metrics import OVERALL, depth_acceptance, drafter_table, repeat_table
-from evaluation.report_runs import Group
+from evaluation.report_runs import Group, spec_bench_tokens_of
 
 TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
               "qa": "QA", "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
@@ -17,7 +17,8 @@ def task_stats(groups: list[Group]) -> pd.DataFrame:
     """Long table: one row per group and task (tasks in Spec-Bench order, then overall)."""
     frames = []
     for g in groups:
-        t = repeat_table([r.records for r in g.runs], [b.records for b in g.baseline]).reset_index()
+        t = repeat_table([r.records for r in g.runs], [b.records for b in g.baseline],
+                         [spec_bench_tokens_of(b.path, b.records) for b in g.baseline]).reset_index()
         t.insert(0, "baseline", g.is_baseline)
         t.insert(0, "method", g.label)
         t.insert(0, "model", g.model)

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.answers import ANSWERS, SUMMARY, folder_lock
+from evaluation.answers import ANSWERS, SUMMARY, folder_lock, to_file
 from evaluation.config import compose_config, model_spec, sampling_settings
 from evaluation.data import load_bench
 from evaluation.equal import NEAR_TIE, compare, explain
@@ -124,7 +124,7 @@ def bench(args, out: Path) -> int:
             records[label].append(rec)
     session = uuid.uuid4().hex
     for label, recs in records.items():
-        write_jsonl_atomic(out / label / ANSWERS, recs)
+        write_jsonl_atomic(out / label / ANSWERS, [to_file(r) for r in recs])
         r = runners[label]
         r.engine.use_threads()  # the environment below records the thread count this method ran with
         OmegaConf.save(run_cfgs[label], out / label / "config.yaml", resolve=True)  # evaluation.equal rebuilds from it

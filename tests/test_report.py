@@ -3,10 +3,11 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from evaluation import report as rp
-from evaluation.metrics import accept_histogram, repeat_table
+from evaluation.metrics import accept_histogram, repeat_table, task_table
 from evaluation.report_runs import engine_name
 from methods.common import HarnessError
 
@@ -221,8 +222,11 @@ def test_reads_spec_bench_answer_files(tmp_path):
         rp.report([str(folder)], tmp_path / "o2")
 
 
-def spec_bench_speed(path, base_path, task):
-    """Spec-Bench's speed computation as its README and evaluation/speed.py define it, from its own fields only."""
+def spec_bench_speed(path, base_path, tokenizer, task):
+    """(MAT, speedup) as Spec-Bench's evaluation/speed.py computes them from two answer files (its rules, written
+    here from its documented behaviour): MAT the mean of every accept_lengths entry of the task's questions; speedup
+    the mean over the method's questions of new_tokens / wall_time over the same mean for the baseline, whose tokens
+    are each turn's text re-tokenized, minus one."""
     mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
     def rows(p):
@@ -232,14 +236,16 @@ def spec_bench_speed(path, base_path, task):
 
     mine, base = rows(path), rows(base_path)
     speeds = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in mine]
-    speeds0 = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in base]
-    accepts = [a for r in mine for a in r["choices"][0]["accept_lengths"]]
-    return sum(accepts) / len(accepts), (sum(speeds) / len(speeds)) / (sum(speeds0) / len(speeds0))
+    speeds0 = [sum(len(tokenizer(t).input_ids) - 1 for t in r["choices"][0]["turns"]) / sum(r["choices"][0]["wall_time"])
+               for r in base]
+    return np.mean([a for r in mine for a in r["choices"][0]["accept_lengths"]]), np.mean(speeds) / np.mean(speeds0)
 
 
 @pytest.mark.slow  # two runs through the command line
-def test_our_answer_files_read_as_spec_bench_files(tmp_path):
-    """A real run's answer file through Spec-Bench's definitions gives the numbers our report gives beside ours."""
+def test_our_answer_files_read_as_spec_bench_files(tmp_path, embedded):
+    """Spec-Bench's speed computation on a real run's answer files gives our "Spec-Bench" columns, per task and
+    overall, in the report and in evaluation.speed; our own MAT stays ours (the prefill's token its own step)."""
+    from evaluation.speed import speed_table
     from tests.test_cli import cli, run_args
 
     runs = {}
@@ -254,12 +260,41 @@ def test_our_answer_files_read_as_spec_bench_files(tmp_path):
             assert len(c["turns"]) == len(c["new_tokens"]) == len(c["wall_time"]) == len(c["decoding_steps"])
             assert all(isinstance(t, str) for t in c["turns"])
             assert sum(c["decoding_steps"]) == len(c["accept_lengths"]) and sum(c["accept_lengths"]) == sum(
-                c["new_tokens"])
+                c["new_tokens"]) == sum(c["our_accept_lengths"]) and sum(c["our_decoding_steps"]) == len(
+                c["our_accept_lengths"])
+            folded = sum(c["our_decoding_steps"]) - sum(c["decoding_steps"])
+            assert folded == (len(c["turns"]) if method == "pld" else 0)  # PLD's first token joins its first step
+    _, tok, _ = embedded
     stats = rp.report([str(runs["vanilla"]), str(runs["pld"])], tmp_path / "out", figures=False)["stats"]
+    speed = speed_table([str(runs["pld"])], str(runs["vanilla"])).set_index("task")
     for task in ("mt_bench", "translation", "math_reasoning", "overall"):
-        mat, speedup = spec_bench_speed(runs["pld"] / "answers.jsonl", runs["vanilla"] / "answers.jsonl", task)
+        mat, speedup = spec_bench_speed(runs["pld"] / "answers.jsonl", runs["vanilla"] / "answers.jsonl", tok, task)
         row = stats[(stats["method"] == "pld") & (stats["task"] == task)].iloc[0]
-        assert row["mat"] == pytest.approx(mat) and row["speedup_specbench"] == pytest.approx(speedup)
+        assert round(row["mat_specbench"], 3) == round(mat, 3) and round(row["speedup_specbench"], 3) == round(
+            speedup, 3), task
+        assert round(speed.loc[task, "MAT (Spec-Bench)"], 3) == round(mat, 3)
+        assert round(speed.loc[task, "speedup (Spec-Bench)"], 3) == round(speedup, 3)
+        assert row["mat"] < row["mat_specbench"]  # ours counts the prefill's token as a step of its own
+
+
+def test_an_answer_line_holds_spec_bench_steps_and_ours_and_reads_back(tmp_path):
+    """Under Spec-Bench's keys its steps (a drafting method's first token in its first step), ours under our_*;
+    read back per forward as before; a line written before our_accept_lengths existed reads as it is."""
+    from evaluation.answers import AnswerWriter, read_answers
+
+    rec = {"question_id": 1, "category": "qa", "choices": [{
+        "index": 0, "turns": ["a", "b"], "decoding_steps": [3, 1], "new_tokens": [6, 1], "wall_time": [1.0, 1.0],
+        "accept_lengths": [1, 3, 2, 1], "spec_bench_steps": [2, 1], "draft_nodes": [0, 8, 8, 0]}]}
+    AnswerWriter(tmp_path / "answers.jsonl").append(rec)
+    line = json.loads((tmp_path / "answers.jsonl").read_text())["choices"][0]
+    assert line["accept_lengths"] == [4, 2, 1] and line["decoding_steps"] == [2, 1]
+    assert line["our_accept_lengths"] == [1, 3, 2, 1] and line["our_decoding_steps"] == [3, 1]
+    assert list(line)[:6] == ["index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"]
+    assert read_answers(tmp_path / "answers.jsonl") == [rec]
+    (tmp_path / "old.jsonl").write_text(json.dumps(rec) + "\n")  # the old layout: ours under Spec-Bench's keys
+    assert read_answers(tmp_path / "old.jsonl") == [rec]
+    t = task_table(read_answers(tmp_path / "old.jsonl"))
+    assert t.loc["overall", "mat"] == 7 / 4 and t.loc["overall", "mat_specbench"] == 7 / 3
 
 
 @pytest.mark.slow  # a Jupyter kernel
