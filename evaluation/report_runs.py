@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.answers import ANSWERS, read_answers, read_summary, separate_runs_note
+from evaluation.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
@@ -98,11 +98,13 @@ def load_run(file: Path, label: str | None = None) -> Run:
 def spec_bench_tokens_of(file: str | Path, records: list[dict]) -> dict[int, int] | None:
     """The new tokens Spec-Bench's ``evaluation/speed.py`` counts for ``records`` as a baseline
     (``evaluation.metrics.spec_bench_tokens``), with the tokenizer of the model in the run's ``config.yaml``
-    beside the answer file; None where there is no such config or its tokenizer cannot be read here."""
+    beside the answer file (a run's ``answers.jsonl``, as ``read_summary`` takes its summary); None where there is
+    no such config or its tokenizer cannot be read here."""
     from omegaconf import OmegaConf
 
-    config = Path(file).parent / "config.yaml" if Path(file).is_file() else Path(file) / "config.yaml"
-    if not config.is_file():
+    answers = answer_file(file)
+    config = answers.parent / "config.yaml"
+    if answers.name != ANSWERS or not config.is_file():
         return None
     model = OmegaConf.to_container(OmegaConf.load(config), resolve=True).get("model") or {}
     try:

@@ -15,10 +15,13 @@ TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarizati
 
 def task_stats(groups: list[Group]) -> pd.DataFrame:
     """Long table: one row per group and task (tasks in Spec-Bench order, then overall)."""
-    frames = []
+    frames, tokens = [], {}  # a baseline's answers as Spec-Bench counts them, re-tokenized once for every row
     for g in groups:
+        for b in g.baseline:
+            if b.path not in tokens:
+                tokens[b.path] = spec_bench_tokens_of(b.path, b.records)
         t = repeat_table([r.records for r in g.runs], [b.records for b in g.baseline],
-                         [spec_bench_tokens_of(b.path, b.records) for b in g.baseline]).reset_index()
+                         [tokens[b.path] for b in g.baseline]).reset_index()
         t.insert(0, "baseline", g.is_baseline)
         t.insert(0, "method", g.label)
         t.insert(0, "model", g.model)
