@@ -166,8 +166,9 @@ class Sampler:
         tree of 80 rows over a 49k vocabulary; the draw needs only whether its own token is in the nucleus, i.e.
         whether the tokens more likely than it hold less than ``top_p``. So: take the argmax of the perturbed
         logits; where that token is outside the nucleus, so is every token as likely or less, which are removed
-        before the next argmax (one or two rounds, a host sync each, where ``scores`` has none). The mass is summed in float64, as ``processed_logits`` sums it
-        in rank order: the two can differ only where it is within about 1e-16 of ``top_p``."""
+        before the next argmax (one or two rounds, a host sync each, where ``scores`` has none). The mass is
+        summed in float64, as ``processed_logits`` sums it in rank order: the two can differ only where it is within
+        about 1e-16 of ``top_p``."""
         s = self.settings
         if s.top_p == 1:
             return self.scores(logits, depth, start, max_depth).argmax(dim=-1)
