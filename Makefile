@@ -18,12 +18,17 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# Chromium: tests/test_html.py opens the HTML report in it, headless. Installed from apt where it is missing.
 setup: $(STAMP)
 	$(PY) -m scripts.prepare
+	@if ! command -v chromium >/dev/null; then \
+		if ! command -v apt-get >/dev/null; then echo "note: no apt-get here: install chromium for tests/test_html.py"; \
+		else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq \
+			&& $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; fi
 
 # The main job: vanilla, Token Recycling, PLD and Lookahead on the smoke sample, decoded side by side in one
 # process (the order rotating per question, so that a busy machine slows all alike); each checked token by token
-# against vanilla; then the main table and the figures (results/reports/smoke/).
+# against vanilla; then the main table, the figures and report.html (results/reports/smoke/).
 SMOKE := results/bench/smoke
 METHODS := tr pld lookahead
 run: setup

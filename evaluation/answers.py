@@ -24,8 +24,12 @@ Each line is one question::
                   "draft_nodes": [0, 81, 81, ...],                     # ours, per step as our_accept_lengths: nodes
                                                                        # verified (the prefill step: 0)
                   "draft_depths": [0, 6, 6, ...],                      # ours, per step: deepest acceptable draft
-                  "step_info": [null, {"drafter": "tr"}, ...]}]}       # ours, where the method says something of
+                  "step_info": [null, {"drafter": "tr"}, ...],         # ours, where the method says something of
                                                                        # its steps (a hybrid: which drafter)
+                  "cpu_wait": [0.002, 0.001],                          # ours, per turn: seconds its threads waited
+                                                                       # for a CPU (methods.machine.Load)
+                  "cpu_others": [0.9, 1.0],                            # ours, per turn: cores other processes used
+                  "load_avg": [1.1, 1.2]}]}                            # ours, per turn: 1-minute load average
 
 So Spec-Bench's ``evaluation/speed.py`` reads its own convention from our files. In this process a record is
 seen per target forward (``from_file``): ``accept_lengths`` and ``decoding_steps`` are ours, and
@@ -145,10 +149,12 @@ class AnswerWriter:
     def __init__(self, path: Path):
         self.path = path
         self.done: set[int] = set()
+        self.cut_short = False  # whether a half-written last line was dropped (a resumed run says so)
         if path.exists():
             data = path.read_bytes()
             whole = data[: data.rfind(b"\n") + 1]
             if len(whole) != len(data):
+                self.cut_short = True
                 with open(path, "r+b") as f:
                     f.truncate(len(whole))
             for where, obj in read_jsonl(path, "one answer record a line; move the file away to start over"):
@@ -194,20 +200,23 @@ def _sigint_held():
 ABSENT = type("Absent", (), {"__repr__": lambda self: "absent"})()  # a key one config does not have
 
 
+def flat_config(d: dict, prefix: str = "") -> dict:
+    """A nested config as {dotted key: value} (``{"bench": {"limit_per_category": 2}}`` ->
+    ``{"bench.limit_per_category": 2}``); an empty group is a value of its own."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def first_difference(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> tuple[str, object, object] | None:
     """The first (dotted key, value in ``a``, value in ``b``) where two configs differ, skipping keys in or under
     ``ignore``; None when they agree. A group's ``name`` is named before its other keys (``engine.name``, not
     the first of the keys that differ with it); a key missing on one side is ``ABSENT`` there."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
-
-    fa, fb = flat(a), flat(b)
+    fa, fb = flat_config(a), flat_config(b)
     for key in sorted(fa.keys() | fb.keys(), key=lambda k: (not k.endswith(".name"), k)):
         if any(key == i or key.startswith(i + ".") for i in ignore):
             continue
@@ -253,6 +262,33 @@ def folder_lock(folder: Path, fix: str = "wait for it to finish, or choose anoth
             if new and not (folder / ANSWERS).exists():
                 _remove_new_folder(folder)
             raise
+    finally:
+        os.close(fd)
+
+
+def folder_in_use(folder: Path) -> bool:
+    """Whether a live process holds ``folder`` (``folder_lock``). The lock file outlives its process, so the PID in
+    it is asked first: only a living one is checked against the lock itself (a PID the system gave to another
+    process since), and a probe never touches the lock of a folder whose writer has ended."""
+    import fcntl
+
+    try:
+        fd = os.open(folder / LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        try:
+            os.kill(int(os.pread(fd, 32, 0).decode(errors="replace").strip()), 0)
+        except ProcessLookupError:
+            return False
+        except (ValueError, OverflowError, PermissionError):  # no PID written yet, or another user's process
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
     finally:
         os.close(fd)
 

@@ -89,8 +89,38 @@ def compose_config(overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         try:
             return compose(config_name="config", overrides=overrides)
-        except HydraException as e:  # an unknown group option or key: Hydra's own message names it
-            raise HarnessError(" ".join(str(e).split())) from None
+        except HydraException as e:
+            raise HarnessError(config_error(e)) from None
+
+
+def config_error(e: Exception) -> str:
+    """One line for an error Hydra raised composing the config: an unknown option of a group (``model=NAME``) or
+    an unknown key (``bench.KEY=VALUE``) is named with the known ones and the nearest of them (Hydra's own message
+    spans lines and proposes ``+KEY=VALUE``, which only adds a key nothing reads); anything else as Hydra says it."""
+    import difflib
+
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    def nearest(name: str, known, prefix: str = "") -> str:
+        close = difflib.get_close_matches(name, known, n=1)
+        return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+    if isinstance(e, MissingConfigException) and e.options and "/" in (e.missing_cfg_file or ""):
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        return f"{group}={name}: no such {group}{nearest(name, e.options)}; known: {', '.join(e.options)}"
+    cause = e.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key and cause.parent_node is not None:
+        group, _, name = cause.full_key.rpartition(".")
+        if group in ("method", "engine"):  # a registered method's or engine's parameters (methods.params)
+            known = [k for k in cause.parent_node if k != "name"]
+            have = f"known: {', '.join(known)}" if known else "it takes none"
+            return (f"{group} '{cause.parent_node.get('name')}' has no parameter {name}"
+                    f"{nearest(name, known, group + '.')}; {have}")
+        known = list(cause.parent_node)
+        return (f"unknown setting {cause.full_key}{nearest(name, known, group + '.' if group else '')}; the keys of "
+                f"{group or 'the config'}: {', '.join(known) or 'none'}")
+    return " ".join(str(e).split())
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:

@@ -77,6 +77,10 @@ def read_questions(path: Path) -> list[Question]:
             raise HarnessError(f"{where}: 'category' must be a non-empty string")
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise HarnessError(f"{where}: 'turns' must be a non-empty list of strings")
+        empty = next((i for i, t in enumerate(turns, start=1) if not t.strip()), None)
+        if empty is not None:  # the model would answer a prompt holding no question
+            raise HarnessError(f"{where}: question {qid} turn {empty} is empty; write its text or remove it (a "
+                               f"question without turns: the whole line)")
         if qid in seen:
             raise HarnessError(f"{where}: question_id {qid} appears twice")
         seen.add(qid)

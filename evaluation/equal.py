@@ -24,6 +24,9 @@ equal vanilla sampling's exactly like greedy tokens; a divergence is a **near-ti
 perturbed logits are within float noise of the best one (the rule above, the threshold divided by the
 temperature), otherwise a real mismatch.
 
+Runs of other settings (model, questions, ``bench.max_new_tokens``, sampling) are refused as a settings
+difference, and unfinished runs unless ``--allow-unfinished`` (``evaluation.consistency``): exit 2.
+
 Exit status: 0 when everything is equal; with ``--dtype-tolerant``, also when every
 mismatch is a near-tie in a run of less than fp32 precision; 1 otherwise. In fp32 any
 mismatch fails: there, a near-tie is shown with where and why, and still counts.
@@ -35,7 +38,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from evaluation.answers import SUMMARY, answer_file, read_answers
+from evaluation.answers import SUMMARY, answer_file, read_answers, read_summary
+from evaluation.consistency import Side, check
 from methods.common import HarnessError, exit_on_error
 
 # The near-tie threshold, in machine epsilons of the dtype times the largest logit's magnitude at the position.
@@ -204,9 +208,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype-tolerant", action="store_true",
                     help="exit 0 when every mismatch is a near-tie of a run in fp16 or bf16")
     ap.add_argument("--no-explain", action="store_true", help="do not re-run the model to classify mismatches")
+    ap.add_argument("--allow-unfinished", action="store_true",
+                    help="compare an unfinished run on the questions both answered")
     args = ap.parse_args(argv)
-    recs_a = read_answers(args.a)
-    same, total, mismatches, unit = compare(recs_a, read_answers(args.b))
+    recs_a, recs_b = read_answers(args.a), read_answers(args.b)
+    note = check([Side(answer_file(p).parent, read_summary(p), r) for p, r in ((args.a, recs_a), (args.b, recs_b))],
+                 allow_unfinished=args.allow_unfinished, fix="tokens of other settings differ by design").note
+    if note:
+        print(f"note: {note}")
+        common = {r["question_id"] for r in recs_a} & {r["question_id"] for r in recs_b}
+        recs_a, recs_b = ([r for r in recs if r["question_id"] in common] for recs in (recs_a, recs_b))
+    same, total, mismatches, unit = compare(recs_a, recs_b)
     if unit == "text":
         print("note: at least one file has no token ids (a Spec-Bench file?): comparing texts, not tokens")
     dtype = None

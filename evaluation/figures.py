@@ -1,12 +1,14 @@
 """The figures of a report (PNG and PDF): speedup per task, accepted lengths, the ablation curves and the start
-policies; ``figure_style`` and ``save_figure`` give other figures of the project the same look and footer."""
+policies; ``figure_style`` and ``save_figure`` give other figures of the project the same look and footer, and
+``method_colour`` every method its one colour in all of them."""
 from __future__ import annotations
 
 import json
-import math
-from collections import defaultdict
+import zlib
+from collections import Counter, defaultdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from evaluation.data import TASKS
@@ -31,10 +33,70 @@ def figure_style():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Fonts embedded as TrueType (Type 42): matplotlib's default Type 3 fonts are refused by paper venues' checks.
     plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "axes.spines.top": False,
                          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9,
-                         "legend.fontsize": 8, "legend.frameon": False})
+                         "legend.fontsize": 8, "legend.frameon": False, "pdf.fonttype": 42, "ps.fonttype": 42})
     return plt
+
+
+def _palette() -> list[tuple]:
+    """Fifteen distinct colours: tab10, then the darkest of each of tab20b's five hues."""
+    from matplotlib import colormaps
+
+    return list(colormaps["tab10"].colors) + list(colormaps["tab20b"].colors[::4])
+
+
+def method_colour(method: str, shade: int = 0, shades: int = 1) -> tuple:
+    """The colour ``method`` has in every figure: a registry name or a row label (``tr (k=4)``: the method is the
+    part before its settings). A registered method takes the palette's colour at its place in the registry, so
+    that no two of them share one; any other name (a foreign answer file's label) the colour its name hashes to,
+    the same in every report. ``shade`` of ``shades``: the same method at other settings or on another model, from
+    darker to lighter, so that a figure tells them apart while the reader still sees one method."""
+    from methods.base import registry
+
+    name, palette, known = method.split(" (")[0], _palette(), list(registry())
+    base = palette[(known.index(name) if name in known else zlib.crc32(name.encode())) % len(palette)]
+    if shades < 2:
+        return tuple(base)
+    f = 0.8 * shade / (shades - 1) - 0.4  # -0.4 (towards black) .. 0.4 (towards white)
+    return tuple(c + (1 - c) * f if f > 0 else c * (1 + f) for c in base)
+
+
+def colours(methods: list[str]) -> list[tuple]:
+    """``method_colour`` of each entry of a figure, in order; a method met more than once gets its shades."""
+    names = [m.split(" (")[0] for m in methods]
+    seen, out = Counter(), []
+    for name in names:
+        out.append(method_colour(name, seen[name], names.count(name)))
+        seen[name] += 1
+    return out
+
+
+METRIC_NAMES = {"speedup": "speedup", "mat": "MAT", "tok_per_s": "tokens/s"}
+
+
+def _error_bars(rows: pd.DataFrame, metric: str) -> np.ndarray | None:
+    """(below, above) error bars of ``metric`` for these rows of the stats, or None: the 95% interval over
+    questions where the stats carry one (``<metric>_lo``, ``<metric>_hi``), else ± the sample standard deviation
+    where the rows are repeats. Clipped at zero: an interval of a ratio need not hold its point estimate, and
+    matplotlib refuses a negative bar."""
+    if f"{metric}_lo" in rows and f"{metric}_hi" in rows:
+        below, above = rows[metric] - rows[f"{metric}_lo"], rows[f"{metric}_hi"] - rows[metric]
+    elif f"{metric}_std" in rows and rows[f"{metric}_std"].notna().any():
+        below = above = rows[f"{metric}_std"]
+    else:
+        return None
+    return np.vstack([below.fillna(0).to_numpy(float), above.fillna(0).to_numpy(float)]).clip(min=0)
+
+
+def _error_note(stats: pd.DataFrame, metrics: list[str]) -> str:
+    """What a figure's error bars are (``_error_bars``), for its footer; empty when it has none."""
+    ci = [m for m in metrics if f"{m}_lo" in stats and f"{m}_hi" in stats]
+    std = [m for m in metrics if m not in ci and f"{m}_std" in stats and stats[f"{m}_std"].notna().any()]
+    parts = ([f"95% interval over questions ({', '.join(METRIC_NAMES[m] for m in ci)})"] if ci else []) + (
+        [f"± 1 standard deviation over repeats ({', '.join(METRIC_NAMES[m] for m in std)})"] if std else [])
+    return " · error bars: " + "; ".join(parts) if parts else ""
 
 
 def save_figure(fig, out: Path, name: str, footer: str) -> list[Path]:
@@ -62,13 +124,14 @@ def _tasks(stats: pd.DataFrame) -> list[str]:
 
 
 def _task_bars(ax, stats: pd.DataFrame, groups: list[Group], metric: str, labels: list[str]) -> list:
-    """Grouped bars: one group of bars per task, one bar per group (error bars for repeats); returns the bars."""
+    """Grouped bars: one group of bars per task, one bar per group in its method's colour (``_error_bars``);
+    returns the bars."""
     tasks, width, containers = _tasks(stats), 0.8 / len(groups), []
-    for i, (g, label) in enumerate(zip(groups, labels)):
+    for i, (g, label, colour) in enumerate(zip(groups, labels, colours([g.method for g in groups]))):
         t = _rows(stats, g).reindex(tasks)
         xs = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(tasks))]
-        err = t[metric + "_std"].fillna(0).to_numpy() if g.runs[1:] else None
-        containers.append(ax.bar(xs, t[metric], width * 0.92, yerr=err, capsize=2, label=label))
+        containers.append(ax.bar(xs, t[metric], width * 0.92, yerr=_error_bars(t, metric), capsize=2, label=label,
+                                 color=colour))
     ax.set_xticks(range(len(tasks)), [SHORT_NAMES.get(t, t) for t in tasks])
     return containers
 
@@ -96,7 +159,7 @@ def plot_speedup(stats: pd.DataFrame, groups: list[Group], out: Path, footer: st
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         ax.legend(ncol=len(methods), loc="upper left", bbox_to_anchor=(0, -0.08))
-    return save_figure(fig, out, "speedup_per_task", footer)
+    return save_figure(fig, out, "speedup_per_task", footer + _error_note(stats, ["speedup"]))
 
 
 def plot_accept_lengths(groups: list[Group], out: Path, footer: str) -> list[Path]:
@@ -110,11 +173,11 @@ def plot_accept_lengths(groups: list[Group], out: Path, footer: str) -> list[Pat
     longest = max(int(h.index.max()) for h in hists)
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(min(11.0, max(6.5, 0.3 * longest * len(methods))), 3.4))
-    for i, (g, h) in enumerate(zip(methods, hists)):
+    for i, (g, h, colour) in enumerate(zip(methods, hists, colours([g.method for g in methods]))):
         h = h.reindex(range(1, longest + 1), fill_value=0.0)
         mat = sum(k * v for k, v in h.items())
         ax.bar([k + (i - (len(methods) - 1) / 2) * width for k in h.index], 100 * h.to_numpy(), width * 0.92,
-               label=f"{_series_name(g, multi)} (MAT {mat:.2f})")
+               label=f"{_series_name(g, multi)} (MAT {mat:.2f})", color=colour)
     ax.set_xticks(range(1, longest + 1))
     ax.set_xlabel("accepted length per step (tokens, bonus token included)")
     ax.set_ylabel("share of steps (%)")
@@ -159,14 +222,12 @@ def plot_ablations(stats: pd.DataFrame, groups: list[Group], out: Path, footer: 
         if not series:
             continue
         fig, (a_mat, a_tok) = plt.subplots(1, 2, figsize=(8.5, 3.3))
-        for line, members in series:
+        for (line, members), colour in zip(series, colours([members[0].method for _, members in series])):
             xs = [g.state[x] for g in members]
-            o = [_rows(stats, g).loc[OVERALL] for g in members]
-            a_mat.errorbar(xs, [r["mat"] for r in o], yerr=[0 if math.isnan(r["mat_std"]) else r["mat_std"]
-                                                            for r in o], marker="o", capsize=2, label=line)
-            a_tok.errorbar(xs, [r["tok_per_s"] for r in o],
-                           yerr=[0 if math.isnan(r["tok_per_s_std"]) else r["tok_per_s_std"] for r in o],
-                           marker="o", capsize=2, label=line)
+            o = pd.DataFrame([_rows(stats, g).loc[OVERALL] for g in members])
+            for ax, metric in ((a_mat, "mat"), (a_tok, "tok_per_s")):
+                ax.errorbar(xs, o[metric], yerr=_error_bars(o, metric), marker="o", capsize=2, label=line,
+                            color=colour)
             base = stats[(stats["model"] == members[0].model) & (stats["task"] == OVERALL)
                          & stats["method"].isin([g.label for g in groups if g.is_baseline])]
             for _, b in base.iterrows():
@@ -181,7 +242,8 @@ def plot_ablations(stats: pd.DataFrame, groups: list[Group], out: Path, footer: 
         a_mat.set_title("MAT against " + xlabel.split(" (")[0])
         a_tok.set_title("Throughput against " + xlabel.split(" (")[0])
         fig.legend(*a_tok.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
-        files += save_figure(fig, out, name, footer + " · " + bench_line(groups))
+        note = _error_note(stats, ["mat", "tok_per_s"])
+        files += save_figure(fig, out, name, footer + " · " + bench_line(groups) + note)
     return files
 
 
@@ -198,35 +260,53 @@ def plot_start_policies(stats: pd.DataFrame, groups: list[Group], out: Path, foo
         ax.set_title("Start policies: " + name)
         ax.margins(y=0.18)
         ax.legend(ncol=len(gs), loc="upper left")
-    return save_figure(fig, out, "start_policies", footer + " · " + bench_line(groups))
+    return save_figure(fig, out, "start_policies", footer + " · " + bench_line(groups) + _error_note(stats, ["mat"]))
 
 
 MIN_TRIES = 20  # a depth tried fewer times than this is left off the per-depth figure (its rate is noise)
 
 
-def plot_depth_acceptance(long: pd.DataFrame, out: Path, footer: str, bench: str) -> list[Path]:
-    """``acceptance_by_depth``: per method, how often a depth-d draft is accepted given that its parent was."""
-    if long.empty:
-        return []
-    plt = figure_style()
-    series = list(long.groupby(["model", "method"], sort=False))
-    fig, ax = plt.subplots(figsize=(10.0, 4.0))
-    colors = plt.get_cmap("tab20").colors
-    multi = long["model"].nunique() > 1
-    for i, ((model, method), t) in enumerate(series):
+def plot_depth_acceptance(long: pd.DataFrame, out: Path, footer: str, bench: str,
+                          groups: list[Group] | None = None) -> list[Path]:
+    """``acceptance_by_depth``: per method, how often a depth-d draft is accepted given that its parent was. A
+    method left off is named in the footer and in a printed note, so that a reader does not take it for one that
+    never drafts: one whose every depth was tried fewer than ``MIN_TRIES`` times, and one of ``groups`` (the
+    report's rows) whose answers record no per-step depths (a foreign answer file, a run from before they were
+    recorded)."""
+    series, left = [], []
+    drafted = {(model, method) for model, method in zip(long["model"], long["method"])}
+    multi = len(set(long["model"]) | {g.model for g in groups or []}) > 1
+
+    def name(model, method):
+        return f"{method} · {model}" if multi else method
+
+    left += [f"{name(g.model, g.label)} (no per-step depths)" for g in groups or []
+             if not g.is_baseline and (g.model, g.label) not in drafted]
+    for (model, method), t in long.groupby(["model", "method"], sort=False):
         t = t[t["tried"] >= MIN_TRIES]
         if len(t):
-            ax.plot(t["depth"], t["rate"], marker="os^vD"[i % 5], ms=3, lw=1.2, color=colors[i % len(colors)],
-                    ls="-" if i < len(colors) else "--", label=f"{method} · {model}" if multi else method)
+            series.append((name(model, method), method, t))
+        else:
+            left.append(f"{name(model, method)} (no depth tried {MIN_TRIES} times)")
+    if left:
+        print(f"note: acceptance_by_depth leaves out {', '.join(left)}")
+    if not series:
+        return []
+    plt = figure_style()
+    fig, ax = plt.subplots(figsize=(10.0, 4.0))
+    for i, ((label, _, t), colour) in enumerate(zip(series, colours([method for _, method, _ in series]))):
+        ax.plot(t["depth"], t["rate"], marker="os^vD"[i % 5], ms=3, lw=1.2, color=colour, label=label)
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # Depths are whole numbers; one integer in view is enough (the default asks for two, and a figure of depth 1
+    # alone would get ticks at 0.96, 0.98, ...).
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("draft depth d")
     ax.set_ylabel("accepted at depth d,\ngiven depth d - 1 was")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"Acceptance per depth ({bench}; depths tried at least {MIN_TRIES} times)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5)
-    return save_figure(fig, out, "acceptance_by_depth", footer)
+    return save_figure(fig, out, "acceptance_by_depth", footer + (" · left out: " + ", ".join(left) if left else ""))
 
 
 def temperature(g: Group) -> float:
@@ -248,14 +328,15 @@ def plot_temperatures(stats: pd.DataFrame, groups: list[Group], out: Path, foote
     plt = figure_style()
     fig, (a_mat, a_speed) = plt.subplots(1, 2, figsize=(9.5, 3.6))
     multi = len({g.model for g in groups}) > 1
-    for (model, method, rest), members in series:
+    for ((model, method, rest), members), colour in zip(series, colours([method for (_, method, _), _ in series])):
         shown = ", ".join(f"{k}={v}" for k, v in json.loads(rest).items()
                           if len({json.dumps(h.params.get(k), default=str) for h in groups if h.method == method}) > 1)
         name = method + (f" ({shown})" if shown else "") + (f" · {model}" if multi else "")
         xs = [temperature(g) for g in members]
-        o = [_rows(stats, g).loc[OVERALL] for g in members]
-        a_mat.plot(xs, [r["mat"] for r in o], marker="o", ms=3, label=name)
-        a_speed.plot(xs, [r["speedup"] for r in o], marker="o", ms=3, label=name)
+        o = pd.DataFrame([_rows(stats, g).loc[OVERALL] for g in members])
+        for ax, metric in ((a_mat, "mat"), (a_speed, "speedup")):
+            ax.errorbar(xs, o[metric], yerr=_error_bars(o, metric), marker="o", ms=3, capsize=2, label=name,
+                        color=colour)
     a_speed.axhline(1.0, color="0.2", lw=0.8, ls="--")
     for ax in (a_mat, a_speed):
         ax.set_xlabel("sampling temperature (0: greedy)")
@@ -264,4 +345,5 @@ def plot_temperatures(stats: pd.DataFrame, groups: list[Group], out: Path, foote
     a_mat.set_title("Acceptance against temperature")
     a_speed.set_title("Speedup against temperature")
     a_speed.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-    return save_figure(fig, out, "mat_by_temperature", footer + " · " + bench_line(groups))
+    return save_figure(fig, out, "mat_by_temperature",
+                       footer + " · " + bench_line(groups) + _error_note(stats, ["mat", "speedup"]))

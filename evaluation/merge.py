@@ -5,9 +5,12 @@
     python -m evaluation.merge SHARD_DIR SHARD_DIR --out DIR
 
 The merged ``answers.jsonl`` holds every question of the selection once, in the
-selection's order. Refused, with the reason: shards of different configurations
-or models, a shard missing or given twice, a shard that has not finished, two
-shards answering the same question.
+selection's order, and the summary of the first shard with its environment (where the
+report looks for the machine the timings come from; each shard's stays under
+``shards``). Refused, with the reason: shards of different configurations or models,
+shards timed on different kinds of machine (unless ``--mixed-machines``), a shard
+missing or given twice, a shard that has not finished, two shards answering the same
+question.
 
 Token Recycling's hot start within shards: every shard warms up on the selection's
 first question and carries its matrix through its own block in file order, so the
@@ -25,13 +28,13 @@ from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers, to_f
 from methods.common import HarnessError, exit_on_error, read_json, write_json_atomic, write_jsonl_atomic
 
 
-def merge(shard_dirs: list[Path], out: Path) -> Path:
+def merge(shard_dirs: list[Path], out: Path, mixed_machines: bool = False) -> Path:
     """Check the shards, then write the merged folder; ``out`` is held for this process alone meanwhile."""
     with folder_lock(out, fix="wait for it to finish, or choose another --out"):
-        return _merge(shard_dirs, out)
+        return _merge(shard_dirs, out, mixed_machines)
 
 
-def _merge(shard_dirs: list[Path], out: Path) -> Path:
+def _merge(shard_dirs: list[Path], out: Path, mixed_machines: bool) -> Path:
     from evaluation.config import RESULT_NEUTRAL, config_mismatch
 
     summaries = []
@@ -50,6 +53,13 @@ def _merge(shard_dirs: list[Path], out: Path) -> Path:
             raise HarnessError(f"{d} splits another selection of questions or into another number of shards")
         if s.get("status") != "finished":
             raise HarnessError(f"{d} has not finished (status {s.get('status')!r}); resume it with the same command")
+    from evaluation.report_runs import machine_of
+
+    kinds = {machine_of(s.get("environment")): d for d, s in zip(shard_dirs, summaries)}
+    if len(kinds) > 1 and not mixed_machines:  # the merged run's timings would mix machines under one environment
+        (m1, d1), (m2, d2) = list(kinds.items())[:2]
+        raise HarnessError(f"{d1} ran on {m1} but {d2} on {m2}; merge shards of one kind of machine, or pass "
+                           f"--mixed-machines (the merged run then keeps the first shard's environment)")
     count = first["shard"]["count"]
     index: dict[int, tuple[Path, dict]] = {}
     for d, s in zip(shard_dirs, summaries):
@@ -72,7 +82,7 @@ def _merge(shard_dirs: list[Path], out: Path) -> Path:
     if unanswered:
         raise HarnessError(f"questions {unanswered[:10]} of the selection have no answer in any shard")
     write_jsonl_atomic(out / ANSWERS, [to_file(by_id[q]) for q in selection], ensure_ascii=False)
-    merged = {k: v for k, v in first.items() if k not in ("shard", "environment", "method_state")}
+    merged = {k: v for k, v in first.items() if k not in ("shard", "method_state")}
     merged.update(status="finished", questions=len(selection), answered=len(selection),
                   shards=[{"folder": str(d), "environment": s["environment"], "method_state": s.get("method_state")}
                           for _, (d, s) in sorted(index.items())])
@@ -85,8 +95,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shards", nargs="+", help="the shard run folders")
     ap.add_argument("--out", required=True, help="folder for the merged answers.jsonl and summary.json")
+    ap.add_argument("--mixed-machines", action="store_true", help="merge shards timed on different machines")
     args = ap.parse_args(argv)
-    out = merge([Path(s) for s in args.shards], Path(args.out))
+    out = merge([Path(s) for s in args.shards], Path(args.out), args.mixed_machines)
     print(f"merged {len(args.shards)} shards -> {out / ANSWERS}")
     return 0
 

@@ -28,6 +28,14 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 * **repeats** (several runs of one configuration, as Spec-Bench's mean of 3): each
   repeat's speedup is its tokens/s over the baseline's tokens/s averaged over the
   baseline's repeats; tables give the mean and the sample standard deviation.
+* **95% interval** of a speedup or MAT (``intervals``): paired bootstrap over questions.
+  A resample draws the questions of every task with replacement (as many as the task has,
+  so each task keeps its weight in the overall number), takes the *same* questions from
+  method and baseline and from every repeat, and computes the number as above (repeats:
+  their mean); the interval is the 2.5th to 97.5th percentile of ``RESAMPLES`` resamples,
+  drawn with a fixed seed so that a table is reproducible. It says how much the number depends on which questions were asked, not
+  how noisy the machine was (the spread over repeats says that); a task of one question
+  has an interval of width zero.
 * **accepted-length distribution** = share of steps by accept length, over the
   same steps that MAT averages.
 * **speedup (Spec-Bench)** = mean over questions of per-question tokens/s of the
@@ -44,6 +52,12 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   at depth d - 1, whichever it was, and the step counts if the tree reaches depth d
   anywhere. Each turn's last step is left out (the budget or a stop token may have cut
   it short), as are prefill steps (no draft).
+* **load** of a run (``load_stats``; from the per-turn ``cpu_wait``, ``cpu_others`` the
+  runner records with ``methods.machine.Load``): ``wait_share`` = seconds its threads
+  waited for a CPU (summed over the threads and turns) / its wall time; ``others`` = the cores other
+  processes used meanwhile (time-weighted mean); ``step_spread`` = the slowest turn's
+  time per decoding step over the median turn's (turns of at least 4 steps after the
+  prefill), a signal that old runs and foreign files carry too.
 * **per-drafter** numbers (hybrids, ``step_info``): a drafter's share of the steps
   that drafted, and the MAT of its steps (mean accept length over them).
 """
@@ -52,11 +66,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 
 from evaluation.data import TASKS, task_of
 
 OVERALL = "overall"
+RESAMPLES = 2000  # bootstrap resamples of an interval
+INTERVAL = 0.95
 
 
 def spec_bench_tokens(records: list[dict], tokenizer) -> dict[int, int]:
@@ -99,9 +116,10 @@ def _aggregate(q: pd.DataFrame) -> dict:
 
 
 def task_table(records: list[dict], baseline: list[dict] | None = None,
-               baseline_tokens: dict[int, int] | None = None) -> pd.DataFrame:
+               baseline_tokens: dict[int, int] | None = None, ci: bool = True) -> pd.DataFrame:
     """Per task and overall: MAT, tokens/s and, given a baseline, both speedups on paired questions
-    (``baseline_tokens``: the baseline's tokens as Spec-Bench counts them, ``spec_bench_tokens``)."""
+    (``baseline_tokens``: the baseline's tokens as Spec-Bench counts them, ``spec_bench_tokens``); with ``ci``
+    the 95% intervals of MAT and speedups (``intervals``: columns ``<metric>_lo`` and ``<metric>_hi``)."""
     q = per_question(records)
     b = per_question(baseline, baseline_tokens) if baseline is not None else None
     if b is not None:
@@ -121,6 +139,49 @@ def task_table(records: list[dict], baseline: list[dict] | None = None,
         rows[name] = row
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "task"
+    if ci:
+        df = df.join(intervals([records], [baseline] if baseline is not None else None, [baseline_tokens]))
+    return df
+
+
+def intervals(runs: list[list[dict]], baselines: list[list[dict]] | None = None,
+              baseline_tokens: list[dict[int, int] | None] | None = None, resamples: int = RESAMPLES,
+              seed: int = 0) -> pd.DataFrame:
+    """Per task and overall, the paired bootstrap 95% intervals (the module's "95% interval") of ``mat`` and
+    ``mat_specbench`` and, given baselines, ``speedup`` and ``speedup_specbench``: columns ``<metric>_lo`` and
+    ``<metric>_hi``. ``runs`` are the repeats of one configuration, ``baselines`` those of its baseline; each
+    resample computes the number as ``repeat_table`` does (the mean over the repeats), on the resampled
+    questions of every repeat."""
+    ours = [per_question(recs) for recs in runs]
+    theirs = [per_question(recs, t) for recs, t in zip(baselines or [], baseline_tokens or [None] * len(runs))]
+    common = ours[0].index
+    for q in ours[1:] + theirs:
+        common = common.intersection(q.index)
+    task = ours[0].loc[common, "task"]
+    m = np.stack([q.loc[common, ["accepted", "steps", "steps_specbench", "new_tokens", "wall_time", "tok_per_s"]]
+                  .to_numpy(float) for q in ours], axis=2)  # question, counter, repeat
+    b = np.stack([q.loc[common, ["new_tokens", "wall_time", "tok_per_s_specbench"]].to_numpy(float)
+                  for q in theirs], axis=2) if theirs else None
+    rng = np.random.default_rng(seed)
+    tasks = [t for t in TASKS if t in set(task)] + sorted(set(task) - set(TASKS))
+    sums = {}
+    for name in tasks:
+        rows = (task == name).to_numpy()
+        draws = rng.integers(0, rows.sum(), (resamples, rows.sum()))  # the same questions for method and baseline
+        sums[name] = (m[rows][draws].sum(axis=1), b[rows][draws].sum(axis=1) if b is not None else None)
+    sums[OVERALL] = (sum(s[0] for s in sums.values()),
+                     sum(s[1] for s in sums.values()) if b is not None else None)
+    tail = 100 * (1 - INTERVAL) / 2
+    out = {}
+    for name, (sm, sb) in sums.items():  # sums: resample, counter, repeat
+        draws = {"mat": (sm[:, 0] / sm[:, 1]).mean(axis=1), "mat_specbench": (sm[:, 0] / sm[:, 2]).mean(axis=1)}
+        if sb is not None:
+            draws["speedup"] = (sm[:, 3] / sm[:, 4]).mean(axis=1) / (sb[:, 0] / sb[:, 1]).mean(axis=1)
+            draws["speedup_specbench"] = sm[:, 5].mean(axis=1) / sb[:, 2].mean(axis=1)  # means of one question set
+        out[name] = {f"{metric}_{end}": float(np.percentile(v, p)) for metric, v in draws.items()
+                     for end, p in (("lo", tail), ("hi", 100 - tail))}
+    df = pd.DataFrame.from_dict(out, orient="index")
+    df.index.name = "task"
     return df
 
 
@@ -131,20 +192,23 @@ def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = No
     ``runs`` are the repeats of one configuration, ``baselines`` the repeats of its baseline.
     Columns: ``<metric>`` (mean over repeats) and ``<metric>_std`` (sample standard deviation,
     NaN for a single run) for ``mat``, ``tok_per_s``, ``speedup`` and ``speedup_specbench``;
-    ``questions`` and ``repeats``; ``baseline_tokens``: per baseline, its ``spec_bench_tokens``. Worked example: two repeats at 10 and 12 tokens/s against
-    one baseline run at 5 tokens/s give speedup 2.2 with std 0.283 (= stdev of 2.0 and 2.4).
+    ``questions`` and ``repeats``; ``<metric>_lo`` and ``<metric>_hi``: the 95% interval over questions
+    (``intervals``); ``baseline_tokens``: per baseline, its ``spec_bench_tokens``. Worked example:
+    two repeats at 10 and 12 tokens/s against one baseline run at 5 tokens/s give speedup 2.2 with std 0.283
+    (= stdev of 2.0 and 2.4).
     """
     tables = []
     for i, recs in enumerate(runs):
         if baselines:
-            paired = [task_table(recs, b, n) for b, n in zip(baselines, baseline_tokens or [None] * len(baselines))]
+            paired = [task_table(recs, b, n, ci=False)
+                      for b, n in zip(baselines, baseline_tokens or [None] * len(baselines))]
             t = paired[0][["questions", "mat", "mat_specbench", "tok_per_s", "mean_q_tok_per_s"]].copy()
             base = sum(p["baseline_tok_per_s"] for p in paired) / len(paired)
             base_q = sum(p["baseline_mean_q_tok_per_s"] for p in paired) / len(paired)
             t["speedup"] = t["tok_per_s"] / base
             t["speedup_specbench"] = t["mean_q_tok_per_s"] / base_q
         else:
-            t = task_table(recs)
+            t = task_table(recs, ci=False)
         tables.append(t.assign(repeat=i))
     long = pd.concat(tables).reset_index()
     order = list(dict.fromkeys(long["task"]))
@@ -155,7 +219,28 @@ def repeat_table(runs: list[list[dict]], baselines: list[list[dict]] | None = No
         out[c + "_std"] = g[c].std(ddof=1)
     out["questions"] = g["questions"].first()
     out["repeats"] = g["repeat"].nunique()
-    return out.loc[order]
+    return out.loc[order].join(intervals(runs, baselines, baseline_tokens))
+
+
+def load_stats(records: list[dict]) -> dict:
+    """``wait_share``, ``others`` (None where the runs recorded no load) and ``step_spread`` (None with fewer than
+    two turns of 4 decoding steps) of one run's records: the module's "load"."""
+    wall = wait = others = 0.0
+    per_step, recorded = [], True
+    for r in records:
+        c = r["choices"][0]
+        recorded = recorded and "cpu_wait" in c
+        if recorded:
+            wall += sum(c["wall_time"])
+            wait += sum(c["cpu_wait"])
+            others += sum(o * t for o, t in zip(c["cpu_others"], c["wall_time"]))
+        for turn, (seconds, steps) in enumerate(zip(c.get("decode_time", []), c["decoding_steps"])):
+            steps -= bool(c.get("prefill_step", [False] * (turn + 1))[turn])
+            if steps >= 4:
+                per_step.append(seconds / steps)
+    recorded = recorded and wall > 0
+    return {"wait_share": wait / wall if recorded else None, "others": others / wall if recorded else None,
+            "step_spread": max(per_step) / float(np.median(per_step)) if len(per_step) > 1 else None}
 
 
 def accept_histogram(records: list[dict]) -> pd.Series:

@@ -1,6 +1,6 @@
 """Paper outputs from any set of runs: the main table (markdown, CSV, LaTeX) and the figures (PNG, PDF).
 
-    python -m evaluation.report RUN [RUN ...] [--baseline RUN] [--out DIR]
+    python -m evaluation.report RUN [RUN ...] [--baseline RUN] [--out DIR] [--allow-unfinished]
 
 A RUN is a run folder, an answer file, a folder holding run folders (a sweep, a
 ``scripts.bench_methods`` output) or a folder of answer files (Spec-Bench's
@@ -22,6 +22,12 @@ share of the steps and its MAT) and figures as PNG and PDF: ``speedup_per_task``
 are labelled by their sampling settings (``tr (T=0.7 seed=1)``), and each is paired with the
 vanilla run of the same settings. All numbers come from ``evaluation.metrics``.
 
+Every speedup and MAT carries its 95% interval in brackets (paired bootstrap over the
+questions). Runs that cannot be compared are refused in one line before anything is
+written (``evaluation.consistency``: other questions, new tokens or sampling than their
+baseline's, or unfinished, unless ``--allow-unfinished``). Timings disturbed by a busy
+machine are named below the table (``report_runs.disturbance_note``); they stay.
+
 This module is the command; ``evaluation.report_runs`` finds and groups the runs, ``evaluation.tables`` and
 ``evaluation.figures`` make the outputs.
 """
@@ -34,31 +40,41 @@ from pathlib import Path
 
 from evaluation.figures import (plot_ablations, plot_accept_lengths, plot_depth_acceptance, plot_speedup,
                                 plot_start_policies, plot_temperatures)
-from evaluation.report_runs import bench_line, check_machines, collect, environment_line, group_runs, timing_note
+from evaluation.html import write_html
+from evaluation.metrics import RESAMPLES
+from evaluation.report_runs import (bench_line, check_machines, check_runs, collect, environment_line, group_runs,
+                                    table_disturbance, timing_note)
 from evaluation.tables import (depth_markdown, depth_stats, drafter_markdown, drafter_stats, main_table, task_stats,
                                to_latex, to_markdown)
 from methods.common import RESULTS, exit_on_error, write_json_atomic, write_text_atomic
 
+INTERVALS = (f"In brackets: 95% intervals, paired bootstrap over questions ({RESAMPLES} resamples within each task, "
+             f"repeats pooled; evaluation.metrics)")
+
 
 def report(paths: list[str], out: Path, baseline: str | None = None, figures: bool = True,
-           mixed_machines: bool = False) -> dict:
+           mixed_machines: bool = False, allow_unfinished: bool = False) -> dict:
     """Build everything; returns {"table": main table, "stats": per-task table, "groups": the rows' runs,
-    "files": [written paths]}."""
+    "files": [written paths], "notes": what the tables' readers must know}. Runs that cannot be compared
+    (``evaluation.consistency``) are refused before anything is written."""
     groups = group_runs(collect(paths), collect([baseline]) if baseline else None)
+    unfinished = check_runs(groups, allow_unfinished)
     if not mixed_machines:
         check_machines(groups)
     stats = task_stats(groups)
     table = main_table(stats)
     env = environment_line(groups)
     caption = f"Speedup over vanilla greedy decoding per Spec-Bench task, mean accepted tokens (MAT) and " \
-              f"tokens/s ({bench_line(groups)}; {env})."
-    note = timing_note(groups)
-    write_text_atomic(out / "main_table.md", to_markdown(table) + "\n" + (f"\n{note}\n" if note else ""))
-    write_text_atomic(out / "main_table.tex", to_latex(table, caption) + "\n" + (f"% {note}\n" if note else ""))
+              f"tokens/s ({bench_line(groups)}; {env}). {INTERVALS}."
+    timing, busy = timing_note(groups), table_disturbance(groups, stats)
+    notes = [n for n in (unfinished, timing, busy) if n]
+    below = "".join(f"\n{n}\n" for n in [INTERVALS + "."] + notes)
+    write_text_atomic(out / "main_table.md", to_markdown(table) + "\n" + below)
+    write_text_atomic(out / "main_table.tex", to_latex(table, caption) + "\n" + "".join(f"% {n}\n" for n in notes))
     write_text_atomic(out / "main_table.csv", table.to_csv(index=False))
     write_text_atomic(out / "tasks.csv", stats.to_csv(index=False))
     write_json_atomic(out / "environment.json", {
-        "environment": env, "bench": bench_line(groups), "side_by_side": note is None,
+        "environment": env, "bench": bench_line(groups), "side_by_side": timing is None, "notes": notes,
         "runs": [{"model": g.model, "method": g.label, "runs": [str(r.path) for r in g.runs],
                   "baseline": [str(b.path) for b in g.baseline],
                   "environment": [r.summary.get("environment") for r in g.runs]} for g in groups]})
@@ -77,10 +93,11 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
         files += plot_accept_lengths(groups, out, env)
         files += plot_ablations(stats, groups, out, env)
         files += plot_start_policies(stats, groups, out, env)
-        files += plot_depth_acceptance(depths, out, env, bench_line(groups))
+        files += plot_depth_acceptance(depths, out, env, bench_line(groups), groups)
         files += plot_temperatures(stats, groups, out, env)
+    files.append(write_html(out, table, stats, groups, depths, drafters, files, [INTERVALS + "."] + notes))
     return {"table": table, "stats": stats, "groups": groups, "depths": depths, "drafters": drafters,
-            "files": files}
+            "files": files, "notes": notes}
 
 
 @exit_on_error
@@ -92,15 +109,18 @@ def main(argv=None) -> int:
     ap.add_argument("--no-figures", action="store_true", help="tables only")
     ap.add_argument("--mixed-machines", action="store_true",
                     help="allow a speedup whose method and baseline ran on different machines")
+    ap.add_argument("--allow-unfinished", action="store_true",
+                    help="compare unfinished runs on the questions every run answered (the tables say so)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    result = report(args.runs, out, args.baseline, figures=not args.no_figures, mixed_machines=args.mixed_machines)
+    result = report(args.runs, out, args.baseline, figures=not args.no_figures, mixed_machines=args.mixed_machines,
+                    allow_unfinished=args.allow_unfinished)
     print(to_markdown(result["table"]))
     if len(result["drafters"]):
         print("\n" + drafter_markdown(result["drafters"]))
     print(f"\n{bench_line(result['groups'])}; {environment_line(result['groups'])}")
-    note = timing_note(result["groups"])
-    if note:
+    print(f"{INTERVALS}.")
+    for note in result["notes"]:
         print(note)
     print("-> " + ", ".join(str(f.relative_to(out)) for f in result["files"]) + f" in {out}")
     return 0

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
+from evaluation.consistency import Side, check
+from evaluation.metrics import load_stats
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
@@ -164,9 +166,13 @@ def _bench(run: Run) -> dict:
 
 
 def machine(run: Run) -> str | None:
-    """The machine a run was timed on, as far as its summary says (None: not recorded, a foreign file): the GPU's
-    name, or the CPU's model, family/model/stepping, ISA flags and torch's threads (``methods.machine``)."""
-    e = run.summary.get("environment")
+    """The machine a run was timed on, as far as its summary says (None: not recorded, a foreign file)."""
+    return machine_of(run.summary.get("environment"))
+
+
+def machine_of(e: dict | None) -> str | None:
+    """The machine of a summary's ``environment``: the GPU's name, or the CPU's model, family/model/stepping, ISA
+    flags and torch's threads (``methods.machine``); None where none is recorded."""
     if not e:
         return None
     if str(e.get("device", "")).startswith("cuda"):
@@ -191,6 +197,24 @@ def check_machines(groups: list[Group]) -> None:
             raise HarnessError(f"{g.label} on {g.model} mixes machines: {r1.path} ran on {m1} but {r2.path} on "
                                f"{m2}; a speedup across machines measures the machines. Report each machine "
                                f"apart, or pass --mixed-machines to do it anyway")
+
+
+def side(run: Run) -> Side:
+    """The run as ``evaluation.consistency`` checks it, named by its folder (ours) or its file."""
+    return Side(run.path.parent if run.path.name == ANSWERS else run.path, run.summary, run.records)
+
+
+def check_runs(groups: list[Group], allow_unfinished: bool = False) -> str | None:
+    """The consistency rule (``evaluation.consistency``) on a table: every row shares the questions and the new
+    tokens of the caption, and each row's model and sampling settings are its baseline's. Returns the note the
+    caption needs for unfinished runs (allowed), else None."""
+    runs = list({id(r): r for g in groups for r in g.baseline + g.runs}.values())
+    fix = "report runs made with the same settings together (a table has one caption), or each set apart"
+    note = check([side(r) for r in runs], ("questions", "max_new_tokens"), allow_unfinished, fix).note
+    for g in groups:
+        check([side(r) for r in g.baseline + g.runs], ("model", "sampling"), True,
+              f"give {g.label} a baseline of the same model and sampling settings (--baseline RUN)")
+    return note
 
 
 # ---------------------------------------------------------------- grouping runs into rows
@@ -350,10 +374,53 @@ def timing_note(groups: list[Group]) -> str | None:
     return separate_runs_note([run.summary for g in groups for run in g.runs + g.baseline])
 
 
+# When a table's timings count as disturbed (``disturbance_note``): a run whose threads waited for a CPU more than
+# WAIT_SHARE seconds per second timed (summed over its threads: two threads beside one busy process on two cores
+# wait about 0.67), a turn slower per step than STEP_SPREAD times its run's median, or a speedup above OVER_MAT
+# times its MAT (a method whose forwards verify more tokens than vanilla's cannot gain more than its MAT unless the
+# baseline was slowed). Quiet runs of the smoke sample stay well below each: waits under 0.01, spreads up to 1.8
+# (PLD, whose drafts vary most), speedups at most 0.9 of MAT.
+WAIT_SHARE, STEP_SPREAD, OVER_MAT = 0.2, 3.0, 1.1
+
+
+def disturbance_note(runs: dict[str, list[dict]], rows: list[tuple[str, str, float, float]]) -> str | None:
+    """None for quiet timings; else one line naming every sign of a busy machine: ``runs`` maps a run's label to
+    its records (``evaluation.metrics.load_stats``), ``rows`` are (label, task, speedup, MAT) of a table. The
+    numbers stay as they are: the line marks them."""
+    signs = []
+    for label, records in runs.items():
+        load = load_stats(records)
+        if load["wait_share"] is not None and load["wait_share"] > WAIT_SHARE:
+            signs.append(f"{label} waited for a CPU {load['wait_share']:.2f} s per second timed (other processes "
+                         f"used {load['others']:.1f} cores)")
+        if load["step_spread"] is not None and load["step_spread"] > STEP_SPREAD:
+            signs.append(f"{label}'s slowest turn took {load['step_spread']:.1f}x its median time per step")
+    for label, task, speedup, mat in rows:
+        if speedup == speedup and mat == mat and speedup > OVER_MAT * mat:
+            signs.append(f"{label}'s speedup on {task} ({speedup:.2f}x) is above its MAT ({mat:.2f})")
+    if not signs:
+        return None
+    return (f"WARNING: timings disturbed by a busy machine: {'; '.join(signs)}. The numbers stay, marked; rerun "
+            f"on a quiet machine (flagged: a run whose threads waited for a CPU over {WAIT_SHARE:g} s per second, a turn "
+            f"over {STEP_SPREAD:g}x its run's median time per step, a speedup over {OVER_MAT:g}x its MAT)")
+
+
+def table_disturbance(groups: list[Group], stats) -> str | None:
+    """``disturbance_note`` for a report: every run of its rows and baselines, and every row's speedup per task."""
+    runs = {}
+    for run in {id(r): r for g in groups for r in g.baseline + g.runs}.values():
+        name = run.label or run.method
+        runs[f"{name} ({side(run).path})" if name in runs else name] = run.records
+    rows = [(r["method"], r["task"], r["speedup"], r["mat"]) for _, r in stats.iterrows()
+            if not r["baseline"] and "speedup" in r]
+    return disturbance_note(runs, rows)
+
+
 def bench_line(groups: list[Group]) -> str:
     """The bench behind the numbers, for captions and titles: name, questions and new tokens of the first of our
     runs (foreign files record no bench settings)."""
     first = next((r for g in groups for r in g.runs if r.summary), groups[0].runs[0])
-    b, n = _bench(first), len(first.questions)
+    b = _bench(first)
+    n = len(frozenset.intersection(*(r.questions for g in groups for r in g.runs + g.baseline)))
     return f"{b.get('name', 'Spec-Bench answers')}, {n} questions" + (
         f", {b['max_new_tokens']} new tokens" if b.get("max_new_tokens") else "")

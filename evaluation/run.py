@@ -8,18 +8,20 @@ Hydra from ``conf/`` and the registered methods and engines (``evaluation.config
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from evaluation.config import register
+from evaluation.config import config_error, register
 from evaluation.models import release_devices
 from evaluation.runner import run
-from methods.common import exit_on_error
+from methods.common import ROOT, HarnessError, exit_on_error
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(ROOT / "conf"), config_name="config")
 @exit_on_error
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -31,9 +33,39 @@ def _main(cfg: DictConfig) -> None:
         release_devices()  # a launcher may run the next job in this same process (joblib with one worker)
 
 
+@contextmanager
+def _config_errors_in_one_line():
+    """Hydra prints an error in composing the config (a misspelt key, an unknown ``model=`` option) over many lines
+    and exits 1, from ``run_and_report``, which has no hook: while this holds, such an error is a HarnessError
+    (``evaluation.config.config_error``), and anything else goes to Hydra's report as before."""
+    from hydra._internal import utils
+    from hydra.errors import HydraException
+
+    report = utils.run_and_report
+
+    def reraise(e: Exception):
+        raise e
+
+    def run_and_report(func):
+        try:
+            return func()
+        except HydraException as e:
+            raise HarnessError(config_error(e)) from None
+        except Exception as e:  # noqa: BLE001 - reported by Hydra, as without this
+            return report(partial(reraise, e))
+
+    utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        utils.run_and_report = report
+
+
+@exit_on_error
 def main() -> None:
     register()  # the methods, engines and resolvers Hydra composes with
-    _main()
+    with _config_errors_in_one_line():
+        _main()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from evaluation.data import Question, load_bench, shard
 from evaluation.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
 from evaluation.prompts import check_template, describe, prompt_ids
 from methods import machine
-from methods.base import Preparation, build_proposer
+from methods.base import Preparation, build_proposer, check_method
 from methods.common import CACHE, ROOT, HarnessError, atomic, load_torch_safe, save_torch_atomic, write_json_atomic
 from methods.decode import Generation, generate
 from methods.engine import build_engine
@@ -83,6 +83,49 @@ def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
     return out
 
 
+def prompt_room(runner: "Runner", questions: list[Question]) -> list[str]:
+    """Refuse, before anything is decoded, a question whose prompt leaves no room in the model's context: its first
+    turn's, or a later turn's without the answers before it (not known yet: a lower bound of that prompt). Returns
+    the warning for first turns that leave less than ``bench.max_new_tokens`` (their answers stop at the end)."""
+    def tokens(q: Question, turns: int) -> int:
+        return len(prompt_ids(runner.spec, runner.tok, list(q.turns[:turns]), [""] * (turns - 1)))
+
+    fix = "leave it out with bench.question_ids, or raise model.max_context if the model allows it"
+    short = []
+    for q in questions:
+        first = tokens(q, 1)
+        if first >= runner.context:
+            raise HarnessError(f"question {q.question_id}: its first turn's prompt has {first} tokens, so "
+                               f"{runner.spec.name}'s context of {runner.context} tokens leaves no room to answer; "
+                               f"{fix}")
+        for turn in range(2, len(q.turns) + 1):
+            if (least := tokens(q, turn)) >= runner.context:
+                raise HarnessError(f"question {q.question_id} turn {turn}: its prompt has at least {least} tokens (the "
+                                   f"answers before it left out), so {runner.spec.name}'s context of "
+                                   f"{runner.context} tokens leaves no room to answer; {fix}")
+        if first + runner.max_new_tokens > runner.context:
+            short.append(q.question_id)
+    if not short or runner.max_new_tokens >= runner.context:  # the latter: start_warnings says it of every question
+        return []
+    shown = ", ".join(map(str, short[:5])) + (", ..." if len(short) > 5 else "")
+    return [f"{len(short)} question(s) ({shown}) leave(s) less than bench.max_new_tokens={runner.max_new_tokens} of "
+            f"{runner.spec.name}'s context of {runner.context} tokens after the first turn's prompt: those answers "
+            f"stop at the context's end (stop=length); lower bench.max_new_tokens, or leave them out with "
+            f"bench.question_ids"]
+
+
+def sample_note(bench: DictConfig, selection: list[Question]) -> str | None:
+    """The note for a question file (``bench.path``) that the bench samples (``limit_per_category``: the smoke and
+    sample benches), which one who names a file may not expect; None when the limit leaves nothing out."""
+    if not bench.path or bench.limit_per_category is None:
+        return None
+    whole = load_bench(bench.path, categories=bench.categories, question_ids=bench.question_ids)
+    if len(whole) == len(selection):
+        return None
+    return (f"note: bench {bench.name} takes {bench.limit_per_category} question(s) per category of {bench.path}: "
+            f"{len(selection)} of its {len(whole)}; bench=spec_bench or bench.limit_per_category=null takes them all")
+
+
 class Runner:
     """Holds the loaded model and proposer; answers one question at a time."""
 
@@ -93,6 +136,7 @@ class Runner:
         self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
+        check_method(self.method, params)  # what the settings alone refuse, before the weights load
         self.model, self.tok, self.device = loaded or load_model(self.spec)
         self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
         self.engine = build_engine(self.model, OmegaConf.to_container(cfg.engine, resolve=True))
@@ -134,9 +178,18 @@ class Runner:
             out["step_info"] = [i for g in turns for i in (g.step_info or [None] * len(g.accept_lengths))]
         return out
 
+    @staticmethod
+    def _load(loads: list[machine.Load]) -> dict:
+        """Per turn, how busy the machine was while it was timed (``methods.machine.Load``; where /proc tells):
+        ``cpu_wait`` (s), ``cpu_others`` (cores) and the one-minute load average at its end."""
+        if any(x.cpu_wait is None for x in loads):
+            return {}
+        return {"cpu_wait": [round(x.cpu_wait, 6) for x in loads], "cpu_others": [round(x.others, 3) for x in loads],
+                "load_avg": [round(x.load_avg, 2) for x in loads]}
+
     def answer(self, q: Question) -> dict:
         self.engine.use_threads()  # its own thread count, whatever another runner in this process set
-        answers, turns = [], []
+        answers, turns, loads = [], [], []
         for i in range(len(q.turns)):
             ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), answers)
             room = self.context - len(ids)
@@ -145,7 +198,9 @@ class Runner:
                     f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
-            gen = self.decode(ids, min(self.max_new_tokens, room), turn=i, question=q.question_id)
+            with machine.Load() as load:  # how busy the machine was while this turn was timed
+                gen = self.decode(ids, min(self.max_new_tokens, room), turn=i, question=q.question_id)
+            loads.append(load)
             text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
             answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
             turns.append(gen)
@@ -169,6 +224,7 @@ class Runner:
                 "prefill_step": [g.prefill_step for g in turns],
                 "spec_bench_steps": [len(g.accept_lengths) - self._folded(g) for g in turns],
                 **self._per_step(turns),
+                **self._load(loads),
             }],
             "tstamp": time.time(),
             # Spec-Bench names the temperature in its model ids (-temp-0.7); ours say it here (sampled runs only)
@@ -190,6 +246,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     b = cfg.bench
     selection = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
                            limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
+    if note := sample_note(b, selection):
+        print(note)
     questions = shard(selection, cfg.runtime.shard, cfg.runtime.num_shards)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config_file = out / "config.yaml"
@@ -207,6 +265,10 @@ def _run(cfg: DictConfig, out: Path) -> Path:
                 f"{out} holds a run with another configuration ({mismatch}); rerun with its settings to resume "
                 f"it, choose another folder with hydra.run.dir=DIR, or delete it to start over")
     writer = AnswerWriter(out / ANSWERS)  # a bad line is refused here, before the model loads
+    if writer.done or writer.cut_short:
+        kept = sum(q.question_id in writer.done for q in questions)
+        print(f"resuming: {kept} of {len(questions)} answers kept in {out / ANSWERS}"
+              f"{'; a half-written last line dropped' if writer.cut_short else ''}")
     with atomic(config_file) as tmp:
         OmegaConf.save(cfg, tmp, resolve=True)
     spec, claim = model_spec(cfg), None
@@ -221,9 +283,10 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     print(f"prompt format: {prompt['template']}; system prompt: {shorten(prompt['system_prompt'], 50)}; "
           f"suffix {prompt['suffix']!r}; from {prompt['source']}")
     dtype = next(runner.model.parameters()).dtype
-    for warning in start_warnings(runner, dtype):
-        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     todo = [q for q in questions if q.question_id not in writer.done]
+    warm = [selection[0]] if todo and cfg.warmup and selection[0] not in todo else []
+    for warning in [*start_warnings(runner, dtype), *prompt_room(runner, warm + todo)]:
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     summary = {
         "status": "running",
         "model": runner.spec.name,

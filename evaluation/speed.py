@@ -16,15 +16,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.answers import answer_file, read_answers, read_summary, separate_runs_note
+from evaluation.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
+from evaluation.consistency import Side, check
 from evaluation.metrics import task_table
-from evaluation.report_runs import sampling_label, spec_bench_tokens_of
-from methods.common import HarnessError, exit_on_error
+from evaluation.report_runs import disturbance_note, sampling_label, spec_bench_tokens_of
+from methods.common import HarnessError, exit_on_error, write_text_atomic
 
-COLUMNS = {
-    "questions": "questions", "mat": "MAT", "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
-    "speedup": "speedup", "mean_q_tok_per_s": "mean per-question tokens/s",
-    "baseline_mean_q_tok_per_s": "baseline mean per-question tokens/s",
+COLUMNS = {  # in this order; the 95% intervals of MAT and speedup (evaluation.metrics) beside them
+    "questions": "questions", "mat": "MAT", "mat_lo": "MAT 95% low", "mat_hi": "MAT 95% high",
+    "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
+    "speedup": "speedup", "speedup_lo": "speedup 95% low", "speedup_hi": "speedup 95% high",
+    "mean_q_tok_per_s": "mean per-question tokens/s", "baseline_mean_q_tok_per_s": "baseline mean per-question tokens/s",
     "speedup_specbench": "speedup (Spec-Bench)",
 }
 
@@ -44,34 +46,45 @@ def sampling_of(records: list[dict], path: str) -> str:
     return found.pop() if found else "greedy"
 
 
-def speed_table(runs: list[str], baseline: str | None) -> pd.DataFrame:
+def speed_table(runs: list[str], baseline: str | None, allow_unfinished: bool = False) -> tuple[pd.DataFrame, list]:
+    """The table of ``runs`` against ``baseline``, and the notes it needs (unfinished runs compared on common
+    questions, a busy machine). Runs that cannot be compared with the baseline (``evaluation.consistency``) are
+    refused."""
     base = read_answers(baseline) if baseline else None
-    base_sampling = sampling_of(base, baseline) if base is not None else None
     base_tokens = spec_bench_tokens_of(baseline, base) if base is not None else None
-    tables = []
+    tables, notes = [], []
     records = [read_answers(path) for path in runs]
     labels = [label(recs, path) for recs, path in zip(records, runs)]
     twice = {name for name in labels if labels.count(name) > 1}  # two runs of one method: add their folders
     labels = [f"{name} ({answer_file(run).parent.name})" if name in twice else name for name, run in zip(labels, runs)]
     for path, recs, name in zip(runs, records, labels):
+        sampling = sampling_of(recs, path)
         if base is not None:
             mine, theirs = {r.get("model_id") for r in recs}, {r.get("model_id") for r in base}
             if mine != theirs:
                 raise HarnessError(f"{path} answers with model(s) {sorted(map(str, mine))} but the baseline with "
                                    f"{sorted(map(str, theirs))}; give a baseline run of the same model")
+            note = check([_side(path, recs), _side(baseline, base)], allow_unfinished=allow_unfinished,
+                         fix="give as --baseline the vanilla run of the same settings").note
+            notes += [note] if note and note not in notes else []
             if not {r["question_id"] for r in recs} & {r["question_id"] for r in base}:
                 raise HarnessError(f"{path} and the baseline answer no question in common")
-        sampling = sampling_of(recs, path)
-        if base is not None and sampling != base_sampling:
-            raise HarnessError(f"{path} decoded with sampling {sampling} but the baseline {baseline} with "
-                               f"{base_sampling}; give as --baseline the vanilla run with the same sampling.* "
-                               f"settings (a speedup compares two ways of computing the same tokens)")
         t = task_table(recs, base, base_tokens).reset_index()
         t.insert(0, "method", name)
         t.insert(1, "sampling", sampling)
         tables.append(t)
-    table = pd.concat(tables, ignore_index=True).rename(columns=COLUMNS)
-    return table if (table["sampling"] != "greedy").any() else table.drop(columns="sampling")
+    table = pd.concat(tables, ignore_index=True)
+    table = table[[c for c in table.columns if c in ("method", "sampling", "task") or c in COLUMNS]]
+    rows = list(zip(table["method"], table["task"], table["speedup"], table["mat"])) if "speedup" in table else []
+    busy = disturbance_note(dict(zip(labels, records)), rows)
+    table = table.rename(columns=COLUMNS)
+    table = table if (table["sampling"] != "greedy").any() else table.drop(columns="sampling")
+    return table, notes + ([busy] if busy else [])
+
+
+def _side(path: str, records: list[dict]) -> Side:
+    return Side(answer_file(path).parent if answer_file(path).name == ANSWERS else answer_file(path),
+                read_summary(path), records)
 
 
 @exit_on_error
@@ -80,15 +93,15 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", help="run folders or answer files")
     ap.add_argument("--baseline", help="run folder or answer file of the baseline (vanilla)")
     ap.add_argument("--out", help="folder for speed.csv and speed.md (default: beside the first run)")
+    ap.add_argument("--allow-unfinished", action="store_true",
+                    help="compare unfinished runs on the questions both answered (the table says so)")
     args = ap.parse_args(argv)
-    table = speed_table(args.runs, args.baseline)
+    table, notes = speed_table(args.runs, args.baseline, args.allow_unfinished)
     out = Path(args.out) if args.out else answer_file(args.runs[0]).parent
-    out.mkdir(parents=True, exist_ok=True)
-    md = markdown(table)
     note = separate_runs_note([read_summary(p) for p in args.runs + ([args.baseline] if args.baseline else [])])
-    md += f"\n\n{note}" if note else ""
-    table.to_csv(out / "speed.csv", index=False)
-    (out / "speed.md").write_text(md + "\n")
+    md = markdown(table) + "".join(f"\n\n{n}" for n in notes + ([note] if note else []))
+    write_text_atomic(out / "speed.csv", table.to_csv(index=False))
+    write_text_atomic(out / "speed.md", md + "\n")
     print(md)
     print(f"-> {out / 'speed.csv'}, {out / 'speed.md'}")
     return 0

@@ -6,6 +6,10 @@ A multirun (``python -m evaluation.run experiment=tr_k``) writes this table by
 itself when it ends (the ``SweepTable`` Hydra callback), as ``sweep.csv`` and
 ``sweep.md`` in the sweep folder, and, given a baseline, the ``evaluation.report``
 tables and figures in ``report/`` beside them. Numbers come from ``evaluation.metrics``.
+Every sweep writes a new folder (its time in the name; a killed sweep resumes with
+``hydra.sweep.dir=THAT_FOLDER``), each job starts with the line ``sweep job I of N``,
+and a folder whose runs differ in model, questions or new tokens, or are unfinished, is
+refused (``evaluation.consistency``; ``--allow-unfinished`` tabulates what has finished).
 """
 from __future__ import annotations
 
@@ -17,10 +21,11 @@ from pathlib import Path
 import pandas as pd
 from hydra.experimental.callback import Callback
 
-from evaluation.answers import ANSWERS, SUMMARY, read_answers
+from evaluation.answers import ANSWERS, SUMMARY, answer_file, read_answers, read_summary
+from evaluation.consistency import Side, check
 from evaluation.metrics import OVERALL, task_table
 from evaluation.speed import markdown
-from methods.common import HarnessError, exit_on_error
+from methods.common import HarnessError, exit_on_error, write_text_atomic
 
 # Method facts from a run's summary worth a column, when the method reports them.
 STATE_COLUMNS = ("k", "tree", "tree_nodes", "tree_depth", "start")
@@ -34,30 +39,41 @@ def _summary(run: Path) -> dict:
     return json.loads((run / SUMMARY).read_text()) if (run / SUMMARY).exists() else {}
 
 
-def sweep_table(root: Path, baseline: str | None) -> pd.DataFrame:
+def sweep_table(root: Path, baseline: str | None, allow_unfinished: bool = False) -> tuple[pd.DataFrame, str | None]:
+    """The table, and the note it needs for unfinished runs (``allow_unfinished``). The runs of one table must
+    share model, questions and new tokens, and each must have the baseline's sampling settings
+    (``evaluation.consistency``): a sweep folder reused with other settings is refused, not mixed."""
     runs = find_runs(root)
     if not runs:
         raise HarnessError(f"no run folders (with {ANSWERS}) under {root}")
+    records = {run: read_answers(run) for run in runs}
+    sides = [Side(run, _summary(run), recs) for run, recs in records.items()]
     base = read_answers(baseline) if baseline else None
+    base_side = [Side(answer_file(baseline).parent, read_summary(baseline), base)] if baseline else []
+    fix = "tabulate each sweep in its own folder (every sweep writes a new one)"
+    note = check(sides + base_side, ("model", "questions", "max_new_tokens"), allow_unfinished, fix).note
+    for side in sides if baseline else []:
+        check([side] + base_side, ("sampling",), True, "give as report.baseline a vanilla run of its sampling settings")
     rows = []
     for run in runs:
         summary = _summary(run)
         state = summary.get("method_state", {})
-        overall = task_table(read_answers(run), base).loc[OVERALL]
+        overall = task_table(records[run], base).loc[OVERALL]
         row = {"run": str(run.relative_to(root)) or ".", "method": summary.get("method", "?")}
         row.update({c: state[c] for c in STATE_COLUMNS if c in state})
         row.update(questions=int(overall["questions"]), MAT=overall["mat"],
                    **{"MAT (Spec-Bench)": overall["mat_specbench"], "tokens/s": overall["tok_per_s"]})
         if base is not None:
-            row["speedup"] = overall["speedup"]
+            row.update(speedup=overall["speedup"], **{"speedup 95% low": overall["speedup_lo"],
+                                                      "speedup 95% high": overall["speedup_hi"]})
         rows.append(row)
     state = [c for c in STATE_COLUMNS if any(c in r for r in rows)]
     columns = ["run", "method", *state, "questions", "MAT", "MAT (Spec-Bench)", "tokens/s"] + (
-        ["speedup"] if base is not None else [])
-    return pd.DataFrame([{c: r.get(c, "") for c in columns} for r in rows], columns=columns)
+        ["speedup", "speedup 95% low", "speedup 95% high"] if base is not None else [])
+    return pd.DataFrame([{c: r.get(c, "") for c in columns} for r in rows], columns=columns), note
 
 
-def write_table(root: Path, baseline: str | None) -> pd.DataFrame:
+def write_table(root: Path, baseline: str | None, allow_unfinished: bool = False) -> pd.DataFrame:
     """The table of the runs under ``root``; the baseline is ``baseline``, else the sweep's one vanilla run."""
     if baseline and not (Path(baseline).is_file() or (Path(baseline) / ANSWERS).is_file()):
         print(f"note: baseline {baseline} not found, so no speedup column; run vanilla on the same bench first")
@@ -65,17 +81,17 @@ def write_table(root: Path, baseline: str | None) -> pd.DataFrame:
     if not baseline:
         vanilla = [run for run in find_runs(root) if _summary(run).get("method") == "vanilla"]
         baseline = str(vanilla[0]) if len(vanilla) == 1 else None
-    table = sweep_table(root, baseline)
-    md = markdown(table)
-    table.to_csv(root / "sweep.csv", index=False)
-    (root / "sweep.md").write_text(md + "\n")
+    table, note = sweep_table(root, baseline, allow_unfinished)
+    md = markdown(table) + (f"\n\n{note}" if note else "")
+    write_text_atomic(root / "sweep.csv", table.to_csv(index=False))
+    write_text_atomic(root / "sweep.md", md + "\n")
     print(md)
     print(f"-> {root / 'sweep.csv'}, {root / 'sweep.md'}")
     if baseline:  # the paper outputs too: main table and figures (the ablation curves among them)
         from evaluation.report import report
 
         try:
-            files = report([str(root)], root / "report", baseline)["files"]
+            files = report([str(root)], root / "report", baseline, allow_unfinished=allow_unfinished)["files"]
             print(f"-> {root / 'report'}: {', '.join(f.name for f in files)}")
         except HarnessError as e:
             print(f"note: no report for this sweep: {e}")
@@ -99,6 +115,33 @@ class RunFolder(Callback):
             sys.exit(2)
 
 
+class SweepProgress(Callback):
+    """Hydra callback: each job of a multirun starts with the line ``sweep job I of N: OVERRIDES`` (N where the
+    launcher runs the jobs in this process, as the basic one does)."""
+
+    total: int | None = None
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        try:
+            overrides = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
+            self.total = sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+        except Exception:  # noqa: BLE001 - a sweeper of another kind: the lines go without N
+            self.total = None
+
+    def on_job_start(self, config, **kwargs) -> None:
+        from hydra.types import RunMode
+
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        job = config.hydra.job
+        of = f" of {self.total}" if self.total else ""
+        print(f"sweep job {job.num + 1}{of}: {', '.join(config.hydra.overrides.task) or 'defaults'}", flush=True)
+
+
 class SweepTable(Callback):
     """Hydra callback: when a multirun ends, tabulate its runs (baseline: ``report.baseline``)."""
 
@@ -114,8 +157,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sweep", help="a sweep folder (any folder holding run folders)")
     ap.add_argument("--baseline", help="run folder or answer file of the baseline (vanilla)")
+    ap.add_argument("--allow-unfinished", action="store_true",
+                    help="tabulate unfinished runs on the questions every run answered (the table says so)")
     args = ap.parse_args(argv)
-    write_table(Path(args.sweep), args.baseline)
+    write_table(Path(args.sweep), args.baseline, args.allow_unfinished)
     return 0
 
 

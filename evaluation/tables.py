@@ -40,12 +40,13 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
         row = {"model": model, "method": method, "baseline": bool(t["baseline"].iloc[0]),
                "repeats": int(t["repeats"].max())}
         for task in [x for x in TASKS if x in t.index] + sorted(set(t.index) - set(TASKS) - {OVERALL}):
-            row[task] = t.loc[task, "speedup"]
-            row[task + "_std"] = t.loc[task, "speedup_std"]
+            for suffix in ("", "_std", "_lo", "_hi"):
+                row[task + suffix] = t.loc[task, "speedup" + suffix]
         o = t.loc[OVERALL]
-        row.update(mat=o["mat"], mat_std=o["mat_std"], mat_specbench=o["mat_specbench"],
-                   mat_specbench_std=o["mat_specbench_std"], tok_per_s=o["tok_per_s"], tok_per_s_std=o["tok_per_s_std"],
-                   speedup=o["speedup"], speedup_std=o["speedup_std"], questions=int(o["questions"]))
+        for metric in ("mat", "mat_specbench", "tok_per_s", "speedup"):
+            for suffix in ("", "_std") + (("_lo", "_hi") if metric != "tok_per_s" else ()):
+                row[metric + suffix] = o[metric + suffix]
+        row["questions"] = int(o["questions"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -95,11 +96,19 @@ def drafter_markdown(long: pd.DataFrame) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
-def _cell(mean: float, std: float, digits: int, pm: str) -> str:
-    """A mean with its spread; a single run has none, and a missing number shows as "-" rather than "nan"."""
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _cell(r: pd.Series, key: str, digits: int, pm: str, unit: str = "") -> str:
+    """A mean with its spread over repeats (a single run has none) and its 95% interval over questions, where the
+    table has one: ``1.85 ± 0.03× [1.71, 2.01]``; a missing number shows as "-" rather than "nan"."""
+    mean, std = r[key], r.get(key + "_std")
+    if _missing(mean):
         return "-"
-    return f"{mean:.{digits}f}" + ("" if std is None or math.isnan(std) else f"{pm}{std:.{digits}f}")
+    text = f"{mean:.{digits}f}" + ("" if _missing(std) else f"{pm}{std:.{digits}f}") + unit
+    lo, hi = r.get(key + "_lo"), r.get(key + "_hi")
+    return text + ("" if _missing(lo) or _missing(hi) else f" [{lo:.{digits}f}, {hi:.{digits}f}]")
 
 
 def _display(table: pd.DataFrame, pm: str) -> tuple[list[str], list[list[str]]]:
@@ -109,11 +118,9 @@ def _display(table: pd.DataFrame, pm: str) -> tuple[list[str], list[list[str]]]:
                                                                       "Speedup"]
     body = []
     for _, r in table.iterrows():
-        body.append([str(r["model"]), str(r["method"])]
-                    + [_cell(r[t], r[t + "_std"], 2, pm) + "×" for t in tasks]
-                    + [_cell(r["mat"], r["mat_std"], 2, pm), _cell(r["mat_specbench"], r["mat_specbench_std"], 2, pm),
-                       _cell(r["tok_per_s"], r["tok_per_s_std"], 2, pm),
-                       _cell(r["speedup"], r["speedup_std"], 2, pm) + "×"])
+        body.append([str(r["model"]), str(r["method"])] + [_cell(r, t, 2, pm, "×") for t in tasks]
+                    + [_cell(r, "mat", 2, pm), _cell(r, "mat_specbench", 2, pm), _cell(r, "tok_per_s", 2, pm),
+                       _cell(r, "speedup", 2, pm, "×")])
     return header, body
 
 

@@ -126,6 +126,11 @@ class Proposer:
         return {}
 
     @classmethod
+    def check(cls, params) -> None:
+        """Refuse, from the checked ``params`` alone, what ``build`` would refuse only after the target has loaded
+        (a head the model config does not name, a missing corpus file): nothing by default."""
+
+    @classmethod
     def build(cls, params, *, vocab_size: int, device: torch.device) -> "Proposer":
         raise NotImplementedError
 
@@ -196,17 +201,24 @@ def known_methods() -> list[str]:
     return list(registry())
 
 
-def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.device, target=None) -> Proposer:
-    """Instantiate method ``name`` with its parameters (plain Python values, checked against its ``Params``;
-    the defaults fill what is absent).
-
-    ``target`` (the target model) goes only to methods that set ``needs_target``.
-    """
+def check_method(name: str, params: dict):
+    """Method ``name``'s parameters (plain Python values) checked against its ``Params``, the defaults filling what
+    is absent, and by its ``check``: what can be refused before any model loads. Returns the checked ``Params``."""
     methods = registry()
     if name not in methods:
         raise HarnessError(f"unknown method '{name}'; known: {', '.join(methods)}")
-    cls = methods[name]
-    checked = parse(cls.Params, params, f"method '{name}'")
+    checked = parse(methods[name].Params, params, f"method '{name}'")
+    methods[name].check(checked)
+    return checked
+
+
+def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.device, target=None) -> Proposer:
+    """Instantiate method ``name`` with its parameters (``check_method``).
+
+    ``target`` (the target model) goes only to methods that set ``needs_target``.
+    """
+    checked = check_method(name, params)
+    cls = registry()[name]
     if cls.needs_target:
         if target is None:
             raise HarnessError(f"method '{name}' drafts with the target model's own layers; build it with target=")

@@ -12,6 +12,7 @@ Every other module, in ``methods/``, ``evaluation/`` and ``scripts/``, takes the
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -35,8 +36,9 @@ class HarnessError(Exception):
 
 
 def exit_on_error(fn):
-    """Decorate an entry point: a HarnessError prints one line and exits 2; Ctrl-C prints one line (what was
-    kept, when the interrupted code says) and exits 130, as shells expect."""
+    """Decorate an entry point: a HarnessError, or a place it may not write (permission denied, a read-only file
+    system), prints one line and exits 2; Ctrl-C prints one line (what was kept, when the interrupted code says)
+    and exits 130, as shells expect."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -44,6 +46,12 @@ def exit_on_error(fn):
             return fn(*args, **kwargs)
         except HarnessError as e:
             print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        except OSError as e:  # a place the user may not write: where, and the fix, not a traceback
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            print(f"error: cannot write {e.filename or 'a file'} ({e.strerror}); choose a writable place (--out DIR "
+                  f"where the command has one) or fix its permissions", file=sys.stderr)
             sys.exit(2)
         except KeyboardInterrupt as e:
             print(f"interrupted{'; ' + str(e) if str(e) else ''}", file=sys.stderr)

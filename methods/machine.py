@@ -88,3 +88,54 @@ def describe(c: dict | None) -> str:
         return "machine not recorded"
     return (f"{c.get('model', '?')} ({c.get('id', '?')}), {c.get('kind', '?')}, {c.get('cores', '?')} cores, "
             f"{c.get('threads', '?')} threads")
+
+
+class Load:
+    """How busy the machine was while a block ran, from Linux's /proc (None elsewhere), as a context manager::
+
+        with Load() as load:
+            ...  # the timed work
+        load.cpu_wait  # seconds this process's threads were ready to run but waited for a CPU (summed over them)
+        load.others    # cores' worth of CPU time that other processes (and the hypervisor: steal) used meanwhile
+        load.load_avg  # the one-minute load average at the end (a slow average: context, not evidence)
+
+    A quiet machine gives ``cpu_wait`` near 0 whatever else runs on other cores; a busy one (more runnable threads
+    than cores) makes the timed threads wait, and the wait is the share of the time not spent on the work.
+    """
+
+    cpu_wait: float | None = None
+    others: float | None = None
+    load_avg: float | None = None
+
+    def __enter__(self) -> "Load":
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._sample()
+        if self._start is None or end is None:
+            return
+        self.load_avg = os.getloadavg()[0]
+        (t0, wait0, busy0, own0), (t1, wait1, busy1, own1) = self._start, end
+        self.cpu_wait = max(0.0, (wait1 - wait0) / 1e9)  # a thread that ended meanwhile takes its wait along
+        ticks = os.sysconf("SC_CLK_TCK")
+        self.others = max(0.0, ((busy1 - busy0) - (own1 - own0)) / ticks / max(t1 - t0, 1e-9))
+
+    @staticmethod
+    def _sample() -> tuple[float, int, int, int] | None:
+        """(time, run-queue wait of this process's threads in ns, busy jiffies of the machine, of this process)."""
+        import time
+
+        try:
+            wait = 0
+            for task in os.scandir("/proc/self/task"):
+                with open(f"{task.path}/schedstat") as f:
+                    wait += int(f.read().split()[1])
+            with open("/proc/stat") as f:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+            with open("/proc/self/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            own = int(fields[11]) + int(fields[12])  # utime and stime (the 14th and 15th fields of the line)
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.perf_counter(), wait, user + nice + system + irq + softirq + steal, own

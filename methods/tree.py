@@ -181,7 +181,8 @@ def load_template(name_or_path: str) -> Tree:
     """A static tree from ``data/trees/NAME.json`` or a JSON file path.
 
     The file holds ``"children"``: per-node child counts level by level (a list of
-    lists, breadth-first), or ``"parents"``: a parent array.
+    lists, breadth-first: level ``d`` one count per node of depth ``d``), or ``"parents"``:
+    a parent array. Every error in it names the file.
     """
     path = Path(name_or_path).expanduser()
     if not path.suffix:
@@ -193,11 +194,33 @@ def load_template(name_or_path: str) -> Tree:
         spec = json.loads(path.read_text(encoding="utf-8"))
         if "parents" in spec:
             return Tree.from_parents(spec["parents"])
-        return Tree.from_children_counts([c for level in spec["children"] for c in level])
+        return Tree.from_children_counts(_levels(spec["children"]))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e
-        raise TreeError(f"tree template {path} is malformed ({why}); it needs 'children' (levels) or 'parents'") \
+        raise TreeError(f"tree file {path} is malformed ({why}); it needs 'children' (levels) or 'parents'") \
             from None
+    except TreeError as e:
+        raise TreeError(f"tree file {path}: {e}") from None
+
+
+def _levels(levels: list[list[int]]) -> list[int]:
+    """The child counts of ``"children"``'s levels in one breadth-first list; levels grouped otherwise than one
+    count per node of their depth are refused (flattened, they would be read as another tree).
+
+    >>> _levels([[2], [1, 0], [0]])
+    [2, 1, 0, 0]
+    """
+    counts: list[int] = []
+    nodes = 1  # at depth 0: the root
+    for depth, level in enumerate(levels):
+        level = _integers(level, f"children level {depth}")
+        if len(level) != nodes:
+            has = "one node, the root" if depth == 0 else f"{nodes} node(s), the sum of level {depth - 1}"
+            raise TreeError(f"children level {depth} lists {len(level)} count(s) {list(level)!r:.60} but depth "
+                            f"{depth} has {has}; give one count per node")
+        counts += level
+        nodes = sum(level)
+    return counts
 
 
 HEADS_TREE = "medusa"  # mc_sim_7b_63: Spec-Bench's tree for Medusa and Hydra (their medusa_choices, hydra_choices)

@@ -34,12 +34,13 @@ import torch
 from omegaconf import OmegaConf
 
 from evaluation.answers import ANSWERS, SUMMARY, folder_lock, to_file
-from evaluation.config import compose_config, model_spec, sampling_settings
+from evaluation.config import compose_config, method_params, model_spec, sampling_settings
 from evaluation.data import load_bench
 from evaluation.equal import NEAR_TIE, compare, explain
 from evaluation.models import load_model
 from evaluation.runner import Runner, environment
 from evaluation.speed import markdown, speed_table
+from methods.base import check_method
 from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_jsonl_atomic
 from methods.decode import Generation, PhaseTimer
 from methods.machine import describe
@@ -93,6 +94,8 @@ def bench(args, out: Path) -> int:
     if args.generate and not all(sampling_settings(c).greedy for c in cfgs):
         raise HarnessError("--generate compares with greedy model.generate: leave it out at sampling.temperature > 0 "
                            "(sampled methods are checked against vanilla sampling with the same seed)")
+    for cfg in cfgs:  # what each method's settings alone refuse, before any model loads
+        check_method(*method_params(cfg))
     models: dict[str, tuple] = {}  # one model per distinct spec ("method=vanilla model.dtype=bfloat16" loads another)
     # Each method's tokens are checked against the first method of its model setting and sampling settings.
     runners, run_cfgs, same_model = {}, dict(zip(labels, cfgs)), {}
@@ -158,21 +161,24 @@ def bench(args, out: Path) -> int:
           f"({describe(env['cpu'])}); speedup against {labels[0]}:")
     # The first method's sampling settings, every model setting (a bf16 run against fp32 vanilla too): one table
     first = [label for (_, s), group in same_model.items() if s == sampling_key(cfgs[0]) for label in group]
-    table = speed_table([str(out / label) for label in first], str(out / labels[0]))
+    table, notes = speed_table([str(out / label) for label in first], str(out / labels[0]))
     print(markdown(table))
     tables = [table]
     for (_, s), group in list(same_model.items())[1:]:  # another dtype, model or sampling: against its own first
         print(f"\nagainst {group[0]}:")
-        vs = speed_table([str(out / label) for label in group], str(out / group[0]))
+        vs, more = speed_table([str(out / label) for label in group], str(out / group[0]))
+        notes += [n for n in more if n not in notes]
         print(markdown(vs[vs["task"] == "overall"]))
         if s != sampling_key(cfgs[0]):
             tables.append(vs)
     table = pd.concat(tables, ignore_index=True)
+    for note in notes:  # a busy machine, named (the numbers stay)
+        print(f"\n{note}")
     table.to_csv(out / "speed.csv", index=False)
-    (out / "speed.md").write_text(markdown(table) + "\n")
+    (out / "speed.md").write_text(markdown(table) + "\n" + "".join(f"\n{n}\n" for n in notes))
     if args.generate:
         print(f"\nagainst {GENERATE}:")
-        vs = speed_table([str(out / label) for label in records], str(out / GENERATE))
+        vs, _ = speed_table([str(out / label) for label in records], str(out / GENERATE))
         print(markdown(vs[vs["task"] == "overall"]))
         vs.to_csv(out / "speed_vs_generate.csv", index=False)
     if args.phases:

@@ -49,6 +49,11 @@ def test_merged_shards_equal_the_single_run(runs, tmp_path):
         assert x["choices"][0]["token_ids"] == y["choices"][0]["token_ids"]
     summary = json.loads((merged / "summary.json").read_text())
     assert summary["answered"] == len(QIDS) and len(summary["shards"]) == 2
+    # it keeps its environment: the report finds the machine its timings come from (it lost it: "foreign file")
+    assert summary["environment"] == json.loads((shards[0] / "summary.json").read_text())["environment"]
+    from evaluation.report_runs import collect, machine
+
+    assert machine(collect([str(merged)])[0]) is not None
     # the first shard is the single run's beginning exactly (same warm-up, same order)
     for x, y in zip(a[:3], b[:3]):
         assert x["choices"][0]["accept_lengths"] == y["choices"][0]["accept_lengths"]
@@ -73,6 +78,12 @@ def test_refused_merges(runs, tmp_path):
                                            "the second"):
         merge([shards[0], other], tmp_path / "m4")
     s["config"]["method"]["k"] = 8
+    s["environment"]["cpu"]["model"] = "Another CPU"
+    (other / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(HarnessError, match="ran on .* but .*Another CPU.*--mixed-machines"):
+        merge([shards[0], other], tmp_path / "m7")
+    merge([shards[0], other], tmp_path / "m8", mixed_machines=True)
+    s["environment"] = json.loads((shards[0] / "summary.json").read_text())["environment"]
     s["status"] = "running"
     (other / "summary.json").write_text(json.dumps(s))
     with pytest.raises(HarnessError, match="has not finished"):

@@ -13,14 +13,20 @@ from methods.common import HarnessError
 from methods.engine.ops import Linear, can_pack
 
 
-def head_or_random(method: str, head: str | None, *, what: str, layout: str, trainer: str, load: Callable,
-                   random: Callable):
-    """The head ``method.head`` names: ``load(head)`` for a folder or hub id, ``random()`` for ``random``; none
-    named (a model config without one) is the one error that says how to get one."""
+def require_head(method: str, head: str | None, *, what: str, layout: str, trainer: str) -> None:
+    """A head named in ``method.head``; none (a model config without one) is the one error that says how to get
+    one. A head method's ``check``: said from the config, before the target loads."""
     if not head:
         raise HarnessError(f"method '{method}' needs {what} and the model config names none: give method.head=PATH "
                            f"(a folder in {layout}'s layout, or a hub id), train one with python -m {trainer}, or "
                            f"method.head=random (lossless, slow)")
+
+
+def head_or_random(method: str, head: str | None, *, what: str, layout: str, trainer: str, load: Callable,
+                   random: Callable):
+    """The head ``method.head`` names (``require_head``): ``load(head)`` for a folder or hub id, ``random()`` for
+    ``random``."""
+    require_head(method, head, what=what, layout=layout, trainer=trainer)
     return random() if head == "random" else load(head)
 
 

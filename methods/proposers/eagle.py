@@ -40,7 +40,7 @@ from methods.base import Draft, Preparation, Proposer, Verification, register
 from methods.common import HarnessError
 from methods.engine import kv
 from methods.engine.ops import fp32_rotary
-from methods.heads import head_or_random, match_engine, target_lm_head
+from methods.heads import head_or_random, match_engine, require_head, target_lm_head
 from methods.heads.eagle import EagleHead, load_head, random_head
 from methods.params import artefact, param
 from methods.tree import Tree, additive_mask, load_template
@@ -54,6 +54,7 @@ class _Eagle(Proposer):
     wants_hidden = True
     needs_target = True
     uses_target_lm_head = True
+    head_kind = {"what": "a draft head", "layout": "EAGLE", "trainer": "scripts.train_eagle"}  # how to get one
 
     @dataclass
     class Params:
@@ -74,12 +75,15 @@ class _Eagle(Proposer):
         self.pending: torch.Tensor | None = None  # [m, h] target features not yet fed to the head
 
     @classmethod
+    def check(cls, params: Params) -> None:
+        require_head(cls.name, params.head, **cls.head_kind)
+
+    @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "_Eagle":
         head_name, width = params.head, params.topk
         shared = {f.name for f in fields(_Eagle.Params)}
         extra = {f.name: getattr(params, f.name) for f in fields(params) if f.name not in shared}
-        head = head_or_random(cls.name, head_name, what="a draft head", layout="EAGLE", trainer="scripts.train_eagle",
-                              load=lambda h: load_head(h, target.config),
+        head = head_or_random(cls.name, head_name, **cls.head_kind, load=lambda h: load_head(h, target.config),
                               random=lambda: random_head(target.config, params.seed))
         return cls(head, target, width, head_name, device, **extra)
 

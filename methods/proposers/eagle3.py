@@ -41,6 +41,7 @@ class Eagle3(Eagle2):
     name = "eagle3"
     uses_target_lm_head = False
     min_layers = 8
+    head_kind = {"what": "an EAGLE-3 head", "layout": "EAGLE-3", "trainer": "scripts.train_eagle3"}
 
     @dataclass
     class Params(Eagle2.Params):
@@ -57,8 +58,7 @@ class Eagle3(Eagle2):
     @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "Eagle3":
         feature_layers(target.config.num_hidden_layers)
-        head = head_or_random(cls.name, params.head, what="an EAGLE-3 head", layout="EAGLE-3",
-                              trainer="scripts.train_eagle3", load=lambda h: load_head(h, target.config),
+        head = head_or_random(cls.name, params.head, **cls.head_kind, load=lambda h: load_head(h, target.config),
                               random=lambda: random_head(target.config, params.seed))
         return cls(head, target, params.topk, params.head, device, params.depth, params.total_tokens)
 

@@ -40,7 +40,7 @@ import torch
 from methods.base import Draft, Preparation, Proposer, Verification, register
 from methods.engine import kv
 from methods.engine.ops import fp32_rotary
-from methods.heads import head_or_random, match_engine, target_lm_head
+from methods.heads import head_or_random, match_engine, require_head, target_lm_head
 from methods.heads.hydra import ARCHS, HydraHeads, load_heads, random_heads
 from methods.params import artefact, param
 from methods.tree import HEADS_TREE, additive_mask, heads_tree, load_template
@@ -51,6 +51,7 @@ class Hydra(Proposer):
     name = "hydra"
     wants_hidden = True
     needs_target = True
+    head_kind = {"what": "Hydra heads", "layout": "Hydra", "trainer": "scripts.train_hydra"}  # how to get them
 
     @dataclass
     class Params:
@@ -84,10 +85,13 @@ class Hydra(Proposer):
         self.cache, self.pending = None, None  # the prefix's cache of committed positions; features not fed yet
 
     @classmethod
+    def check(cls, params: Params) -> None:
+        require_head(cls.name, params.head, **cls.head_kind)
+
+    @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "Hydra":
         depth = load_template(params.tree or HEADS_TREE).max_depth
-        heads = head_or_random(cls.name, params.head, what="Hydra heads", layout="Hydra", trainer="scripts.train_hydra",
-                               load=lambda h: load_heads(h, target.config),
+        heads = head_or_random(cls.name, params.head, **cls.head_kind, load=lambda h: load_heads(h, target.config),
                                random=lambda: random_heads(target.config, depth, params.arch, params.seed))
         return cls(heads, target, params.tree, params.head, device)
 

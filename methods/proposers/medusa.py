@@ -26,7 +26,7 @@ import torch
 
 from methods.base import Draft, Preparation, Proposer, Verification, register
 from methods.common import HarnessError
-from methods.heads import head_or_random, match_engine, target_lm_head
+from methods.heads import head_or_random, match_engine, require_head, target_lm_head
 from methods.heads.medusa import TOPK, MedusaHeads, load_heads, random_heads
 from methods.params import artefact, param
 from methods.tree import heads_tree
@@ -37,6 +37,7 @@ class Medusa(Proposer):
     name = "medusa"
     wants_hidden = True
     needs_target = True
+    head_kind = {"what": "Medusa heads", "layout": "Medusa", "trainer": "scripts.train_medusa"}  # how to get them
 
     @dataclass
     class Params:
@@ -60,9 +61,12 @@ class Medusa(Proposer):
         self.feature: torch.Tensor | None = None
 
     @classmethod
+    def check(cls, params: Params) -> None:
+        require_head(cls.name, params.head, **cls.head_kind)
+
+    @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "Medusa":
-        heads = head_or_random(cls.name, params.head, what="Medusa heads", layout="Medusa",
-                               trainer="scripts.train_medusa", load=lambda h: load_heads(h, target.config),
+        heads = head_or_random(cls.name, params.head, **cls.head_kind, load=lambda h: load_heads(h, target.config),
                                random=lambda: random_heads(target.config, params.tree, params.seed))
         return cls(heads, target, params.tree, params.topk, params.head, device)
 

@@ -224,10 +224,14 @@ class Rest(Proposer):
         self.matched = Counter()  # steps by matched span (0: none)
 
     @classmethod
-    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "Rest":
+    def check(cls, params: Params) -> None:
         if params.min_token_span > params.max_token_span:
             raise HarnessError(f"method.min_token_span={params.min_token_span} exceeds method.max_token_span="
                                f"{params.max_token_span}; give a min_token_span of at most max_token_span")
+        datastore_path(params.datastore)
+
+    @classmethod
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "Rest":
         path = datastore_path(params.datastore)
         try:
             store, about = Datastore.load(path, CACHE / "rest")

@@ -164,12 +164,23 @@ class _Retrieving(Proposer):
             self.wants_prompt_logits, self.wants_hidden = drafter.wants_prompt_logits, drafter.wants_hidden
 
     @classmethod
+    def _drafter_params(cls, params):
+        """The tree drafter's own parameters, from the hybrid's."""
+        return cls.Drafter.Params(**{f.name: getattr(params, f.name) for f in fields(cls.Drafter.Params)})
+
+    @classmethod
+    def check(cls, params) -> None:
+        if cls.Drafter is not None:
+            cls.Drafter.check(cls._drafter_params(params))
+        if params.corpus:
+            corpus_path(params.corpus)
+
+    @classmethod
     def build(cls, params, *, vocab_size: int, device: torch.device, target=None) -> "_Retrieving":
         drafter = None
         if cls.Drafter is not None:
-            own = cls.Drafter.Params(**{f.name: getattr(params, f.name) for f in fields(cls.Drafter.Params)})
             extra = {"target": target} if cls.Drafter.needs_target else {}
-            drafter = cls.Drafter.build(own, vocab_size=vocab_size, device=device, **extra)
+            drafter = cls.Drafter.build(cls._drafter_params(params), vocab_size=vocab_size, device=device, **extra)
         corpus, about = corpus_automaton(corpus_path(params.corpus), CACHE / "sam") if params.corpus else (None, None)
         return cls(params, drafter, corpus, about, device)
 

@@ -142,11 +142,14 @@ class SpS(Proposer):
         self.sampler, self.n_prompt, self.forwarded = None, 0, 0
 
     @classmethod
-    def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "SpS":
+    def check(cls, params: Params) -> None:
         if not params.drafter:
             raise HarnessError("method 'sps' needs a drafter and the model config names none: give "
                               "method.drafter=PATH (a causal LM with the target's tokenizer, or a hub id) or "
                               "method.drafter=self:L (the target's first L layers)")
+
+    @classmethod
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device, target) -> "SpS":
         return cls(load_drafter(params.drafter, target), params.drafter, params.draft_tokens, params.schedule,
                    params.topk)
 

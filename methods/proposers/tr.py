@@ -130,6 +130,11 @@ class TokenRecycling(Proposer):
         self.node_accepts = torch.zeros(n, dtype=torch.long)
 
     @classmethod
+    def check(cls, params: Params) -> None:
+        if params.tree != AUTO:
+            load_template(params.tree)  # a tree file's mistakes, before the target loads
+
+    @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "TokenRecycling":
         k, tree_name, start, first_step = params.k, params.tree, params.start, params.first_step
         if k > vocab_size:
