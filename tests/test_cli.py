@@ -235,14 +235,18 @@ def test_checker_missing_file(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_experiment_multirun_ends_in_a_table(vanilla_run, tmp_path):
-    """An ablation experiment runs as a Hydra multirun and writes its table, speedups against report.baseline."""
-    p = cli("evaluation.run", "experiment=tr_start", f"hydra.sweep.dir={tmp_path}", "warmup=0",
-            "runtime.progress=false", f"bench.question_ids=[{QIDS[1]}]", "bench.max_new_tokens=6",
-            f"report.baseline={vanilla_run}")
-    table = (tmp_path / "sweep.md").read_text().splitlines()
+def test_experiment_multirun_ends_in_a_table(tmp_path):
+    """An ablation experiment runs as a Hydra multirun, says which job of how many runs, and writes its table,
+    speedups against report.baseline (a vanilla run of the same questions and new tokens: evaluation.consistency)."""
+    settings = ["warmup=0", "runtime.progress=false", f"bench.question_ids=[{QIDS[1]}]", "bench.max_new_tokens=6"]
+    cli("evaluation.run", "method=vanilla", f"hydra.run.dir={tmp_path / 'vanilla'}", *settings)
+    sweep = tmp_path / "sweep"
+    p = cli("evaluation.run", "experiment=tr_start", f"hydra.sweep.dir={sweep}", *settings,
+            f"report.baseline={tmp_path / 'vanilla'}")
+    table = (sweep / "sweep.md").read_text().splitlines()
     assert len(table) == 2 + 3  # header, rule, one row per start policy
-    assert table[0].startswith("| run | method | k | tree |") and table[0].rstrip().endswith("| speedup |")
+    assert table[0].startswith("| run | method | k | tree |")
+    assert table[0].rstrip().endswith("| speedup | speedup 95% low | speedup 95% high |")
     assert {line.split("|")[7].strip() for line in table[2:]} == {"hot", "cold", "prompt"}
-    assert "sweep.md" in p.stdout
-    assert (tmp_path / "report" / "start_policies.png").is_file() and (tmp_path / "report" / "main_table.tex").is_file()
+    assert "sweep.md" in p.stdout and "sweep job 3 of 3: method.start=" in p.stdout
+    assert (sweep / "report" / "start_policies.png").is_file() and (sweep / "report" / "main_table.tex").is_file()

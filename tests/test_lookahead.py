@@ -1,6 +1,8 @@
 """Lookahead decoding without a model: the step's tree, the window's filling and update, the n-gram pool, all
-as the reference (Spec-Bench's model/lade) lays them out; and with a tiny model, losslessness and the
-reference's tokens per step."""
+as the reference (Spec-Bench's model/lade) lays them out, and the reference's seeded window; and with a tiny model,
+losslessness and the reference's tokens per step."""
+import random
+
 import pytest
 import torch
 
@@ -65,6 +67,30 @@ def test_window_fills_from_the_prompt_then_the_pool_grows():
     assert d.tree.size == 1 + 1 + 2 * 2
 
 
+def test_reference_seeds_the_window_as_the_reference_draws_it():
+    """reference=true: Spec-Bench's jacobi_greedy_search_multilevel calls random.seed(10) at every generate call,
+    then W+N-3 times random.choice over the whole prompt (its copy_from). For N=5, W=7 (9 draws) from this prompt,
+    duplicates and the last token included in the population, that gives the tokens below."""
+    prompt = [5, 9, 9, 2, 7, 9, 4, 31]
+    expected = [5, 4, 31, 5, 2, 31, 31, 7, 9]
+    saved = random.getstate()
+    try:
+        random.seed(10)  # the reference's own procedure, on the global module as it runs it
+        assert [random.choice(prompt) for _ in range(5 + 7 - 3)] == expected
+    finally:
+        random.setstate(saved)
+    la = make(level=5, window=7, reference=True)
+    for _ in range(2):  # reseeded per request: the second request draws the same tokens again
+        la.reset(torch.tensor(prompt[:-1]), 0, None)
+        draft = la.propose(torch.tensor(prompt))
+        assert la.levels == [expected] and draft.tokens.tolist() == [31] + expected
+    assert random.getstate() == saved  # a private generator: the global random module is left alone
+    la = make(level=5, window=7)
+    la.reset(torch.tensor(prompt[:-1]), 0, None)
+    la.propose(torch.tensor(prompt))
+    assert la.levels != [expected]  # the default keeps its own seeds (torch's generator, seed 0)
+
+
 def test_window_update_and_pool_worked_example():
     """The module docstring's example: N=3, W=2, level 0 [a], level 1 [c, d], new tokens [e, f], root r."""
     a, c, d_, e, f, r = 1, 3, 4, 5, 6, 7
@@ -97,13 +123,14 @@ def test_candidates_come_from_the_pool_of_the_root_once_the_window_is_full():
     assert sorted(t for t, a in zip(toks, ok) if not a) == [1, 2, 4]
 
 
-@pytest.mark.parametrize("reference_bonus, committed", [(False, 3), (True, 2)])
-def test_a_fully_matched_ngram_commits_n_tokens_or_the_references_n_minus_1(reference_bonus, committed):
+@pytest.mark.parametrize("mode, committed", [({}, 3), ({"reference_bonus": True}, 2), ({"reference": True}, 2)])
+def test_a_fully_matched_ngram_commits_n_tokens_or_the_references_n_minus_1(mode, committed):
     """N=3: the pooled n-gram (5 6) after root 3 is right in full. The reference's verification stops at N-2
-    matched tokens, committing 2 (3, then 5 6 minus the bonus); ours commits 5, 6 and the bonus."""
+    matched tokens, committing 2 (3, then 5 6 minus the bonus); ours commits 5, 6 and the bonus. reference=true
+    implies reference_bonus."""
     from methods.verify import accept
 
-    la = make(level=3, window=2, guess=1, reference_bonus=reference_bonus)
+    la = make(level=3, window=2, guess=1, **mode)
     la.reset(torch.tensor([3]), 0, None)
     la.levels = [[1], [2, 4]]
     la._add(3, (5, 6))
@@ -115,13 +142,13 @@ def test_a_fully_matched_ngram_commits_n_tokens_or_the_references_n_minus_1(refe
 
 
 def test_lossless_on_the_reference_settings(tiny_model):
-    for bonus in (False, True):
-        p = build_proposer("lookahead", {"reference_bonus": bonus}, vocab_size=96, device=CPU)
+    for mode, most in (({}, 5), ({"reference_bonus": True}, 4), ({"reference": True}, 4)):
+        p = build_proposer("lookahead", mode, vocab_size=96, device=CPU)
         for prompt in ([1, 2, 3] * 12, [1, 40, 41, 40, 41, 40, 7]):
             ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)[0, len(prompt):]
             gen = generate(tiny_model, p, prompt, max_new_tokens=60, stop_ids=set())
             assert gen.token_ids == ref.tolist() and not gen.prefill_step and gen.accept_lengths[0] == 1
-            assert max(gen.accept_lengths) <= (4 if bonus else 5)
+            assert max(gen.accept_lengths) <= most
 
 
 def test_step_sizes_cover_every_step(tiny_model):
@@ -144,6 +171,7 @@ def test_step_sizes_cover_every_step(tiny_model):
     ({"window": 1}, "method.window must be an integer from 2"),
     ({"guess": -1}, "method.guess must be an integer from 0"),
     ({"reference_bonus": "yes"}, "method.reference_bonus must be true or false"),
+    ({"reference": 1}, "method.reference must be true or false"),
     ({"size": 3}, "no parameter"),
 ])
 def test_bad_parameters(params, message):

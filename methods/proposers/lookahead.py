@@ -34,13 +34,21 @@ phase drops every level's first token and adds the new level without its first. 
 first step commits one token, like the reference's prefill, and the window is full after
 N-2 more steps.
 
+The window's first tokens: the reference (Spec-Bench commit fd2c1cd7d2201ef71db4c5f4e455008f017967bf,
+``model/lade/decoding.py``, ``jacobi_greedy_search_multilevel``) calls ``random.seed(10)`` on entry (line 204),
+so once per ``generate`` call, i.e. per turn, and fills level 0 with W+N-3 calls of ``random.choice`` over the
+whole prompt (its ``copy_from``, lines 212-213 and 229); no other draw follows, as its ``ALWAYS_FWD_ONE`` is 1
+(line 410 is never reached). ``reference=true`` makes the same draws in the same order from a private
+``random.Random(10)`` made per request (the same Mersenne Twister as the module's, so the same tokens, and the
+global ``random`` is left alone). The default draws them with a torch generator seeded 0, the harness's seeds
+before ``reference`` existed, so the runs recorded since reproduce.
+
 Tokens per step: the reference stops its verification at N-2 matched tokens, so it
 commits at most N-1 per step; here a fully matched n-gram also commits the bonus token
 (N at most), a deliberate improvement that changes no output token.
-``reference_bonus=true`` reproduces the reference (the last token of every pooled n-gram
-is forwarded but never accepted), for a MAT comparable with the published one.
-Where we differ: the window's seeds come from a generator with a fixed seed (the
-reference draws them with Python's unseeded ``random``), so runs are reproducible.
+``reference_bonus=true`` reproduces only that rule (the last token of every pooled n-gram
+is forwarded but never accepted), for a MAT comparable with the published one;
+``reference=true`` implies it and adds the reference's seeds: the reference's steps, one for one.
 
 Worked example, N=3, W=2, window full: level 0 ``[a]``, level 1 ``[c, d]``, greedy
 tokens at level 1 ``[e, f]``, root ``r``: the pool gains ``r -> (c, e)`` and ``a -> (d, f)``;
@@ -48,6 +56,7 @@ the window becomes level 0 ``[d]``, level 1 ``[e, f]``.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -102,16 +111,20 @@ class Lookahead(Proposer):
         guess: int = param(7, "G: at most this many pooled n-grams verified per step", low=0, high=64)
         reference_bonus: bool = param(False, "true: a fully matched n-gram commits N-1 tokens, as the reference "
                                       "(false: N, with the bonus token)")
+        reference: bool = param(False, "true: the reference step for step: its window seeds (Python's random, "
+                                "seed 10, per request) and reference_bonus")
 
-    def __init__(self, level: int, window: int, guess: int, reference_bonus: bool, device: torch.device):
+    def __init__(self, level: int, window: int, guess: int, reference_bonus: bool, reference: bool,
+                 device: torch.device):
         self.level, self.window, self.guess, self.device = level, window, guess, device
-        self.reference_bonus = reference_bonus
+        self.reference = reference
+        self.reference_bonus = reference_bonus or reference
         self.levels: list[list[int]] | None = None  # level 0 first; None: seeded at the first proposal
         self.pool: dict[int, list[tuple[int, ...]]] = {}
 
     @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "Lookahead":
-        return cls(params.level, params.window, params.guess, params.reference_bonus, device)
+        return cls(params.level, params.window, params.guess, params.reference_bonus, params.reference, device)
 
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
@@ -119,9 +132,13 @@ class Lookahead(Proposer):
         self.pool = {}
 
     def _seed(self, prompt: torch.Tensor) -> list[int]:
-        """W+N-3 tokens drawn from the prompt (the reference's ``copy_from``), with a fixed seed."""
-        gen = torch.Generator().manual_seed(0)
-        picks = torch.randint(len(prompt), (self.window + self.level - 3,), generator=gen)
+        """W+N-3 tokens drawn from the whole prompt (the reference's ``copy_from``), reseeded per request: the
+        reference's draws with ``reference`` (module docstring), else a torch generator's."""
+        n = self.window + self.level - 3
+        if self.reference:
+            rng, population = random.Random(10), prompt.tolist()
+            return [rng.choice(population) for _ in range(n)]
+        picks = torch.randint(len(prompt), (n,), generator=torch.Generator().manual_seed(0))
         return prompt.cpu()[picks].tolist()
 
     @property
@@ -180,4 +197,4 @@ class Lookahead(Proposer):
 
     def summary(self) -> dict:
         return {"level": self.level, "window": self.window, "guess": self.guess,
-                "reference_bonus": self.reference_bonus}
+                "reference_bonus": self.reference_bonus, "reference": self.reference}
