@@ -29,7 +29,11 @@ Each line is one question::
                   "cpu_wait": [0.002, 0.001],                          # ours, per turn: seconds its threads waited
                                                                        # for a CPU (methods.machine.Load)
                   "cpu_others": [0.9, 1.0],                            # ours, per turn: cores other processes used
-                  "load_avg": [1.1, 1.2]}]}                            # ours, per turn: 1-minute load average
+                  "load_avg": [1.1, 1.2],                              # ours, per turn: 1-minute load average
+                  "extra_forwards": [[1, 3], [2]],                     # ours, per turn, where the method's reference
+                  "extra_time": [0.06, 0.03]}]}                        # mode forwards past the answer: the tokens
+                                                                       # each produced, their seconds (not in
+                                                                       # wall_time nor in any step count)
 
 So Spec-Bench's ``evaluation/speed.py`` reads its own convention from our files. In this process a record is
 seen per target forward (``from_file``): ``accept_lengths`` and ``decoding_steps`` are ours, and

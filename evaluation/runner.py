@@ -176,6 +176,9 @@ class Runner:
             out["draft_depths"] = [d for g in turns for d in g.draft_depths]
         if any(g.step_info for g in turns):
             out["step_info"] = [i for g in turns for i in (g.step_info or [None] * len(g.accept_lengths))]
+        if any(g.extra_forwards for g in turns):  # method.reference=true: forwards past the answer, counted apart
+            out["extra_forwards"] = [g.extra_forwards or [] for g in turns]
+            out["extra_time"] = [g.extra_time for g in turns]
         return out
 
     @staticmethod

@@ -55,6 +55,44 @@ class Verification:
     #                       its draw for that position (methods.sampling), which acceptance compares drafts with
     topk: torch.Tensor | None = None  # [n, proposer.topk] long, top tokens per node, for proposers that ask
     hidden: torch.Tensor | None = None  # [len(path), hidden] target's last hidden states on the path, if asked
+    past_answer: bool = False  # a forward past the answer (``Proposer.ending``): count it in no statistic
+    learn: bool = True  # False: the proposer's reference does not learn from this forward (``Proposer.ending``)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Where a method's reference code ends a request, when that is later than where ours does (``Proposer.ending``).
+
+    Ours ends a request once it has ``max_new_tokens`` tokens or a stop token. The references of Token
+    Recycling and SAM-Decoding keep a forward's bonus token pending, as the root of the next draft, and test
+    the end on what a forward committed: its root and accepted drafts. So they forward once or twice past our
+    end. Those forwards change no answer token, but what the proposer learns from them outlives the request
+    (Token Recycling's matrix under a hot start), and with it the next request's drafts. With an ``Ending``
+    the loop (``methods.decode``) goes on forwarding past the answer until the reference would stop:
+
+    * ``past``: it stops after a forward once ``max_new_tokens + past`` tokens exist, counted as forwarded
+      (the tokens a step has past the budget, which the answer drops, included);
+    * ``stops_on_bonus``: a stop token as a forward's bonus stops it, that forward learned from; otherwise
+      the stop token roots one more forward, whose committed tokens then hold it;
+    * ``learns_last``: whether the forward that stops it on its committed tokens (a stop token among them,
+      or the count) is learned from (``Proposer.update``); a reference that leaves its loop before its
+      update does not learn from it (``Verification.learn``: the proposer keeps its statistics of the answer).
+
+    ``Ending(past=0, learns_last=True, stops_on_bonus=True)`` is our own rule.
+    """
+
+    past: int
+    learns_last: bool
+    stops_on_bonus: bool
+
+    def ends(self, committed: list[int], bonus: int, produced: int, max_new_tokens: int,
+             stop_ids: set[int]) -> tuple[bool, bool]:
+        """(whether the reference stops after this forward, whether it learns from it), for a forward that
+        committed ``committed`` (its root, where generated, and its accepted drafts; the prefill: none) and
+        drafted ``bonus`` next, ``produced`` tokens then existing."""
+        if any(t in stop_ids for t in committed) or produced >= max_new_tokens + self.past:
+            return True, self.learns_last
+        return self.stops_on_bonus and bonus in stop_ids, True
 
 
 @dataclass
@@ -101,6 +139,10 @@ class Proposer:
     * ``propose(context)``: ``context`` is the committed sequence, prompt included,
       whose last element is the root. Returns a ``Draft``.
     * ``update(draft, result)``: learn from the verification of that draft.
+    * ``ending``: None, or where the method's reference code ends a request (``Ending``): the loop then
+      forwards past the answer as that code does, for what the proposer learns from those forwards. Its
+      ``update`` then sees ``result.past_answer`` (count this forward in no statistic) and ``result.learn``
+      (False: learn nothing from it, as the reference does not); the answer and its counts are unchanged.
     """
 
     name: ClassVar[str]
@@ -116,6 +158,7 @@ class Proposer:
     #                              when greedy) before ``reset``, for a proposer that samples its drafts
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
     min_layers: ClassVar[int] = 1  # the fewest decoder layers a target may have (EAGLE-3 reads layers 2, L/2, L-3)
+    ending: Ending | None = None  # where the reference ends a request, when later than ours (``Ending``)
 
     @classmethod
     def example(cls, folder: Path, prompts: list[list[int]]) -> dict:

@@ -13,8 +13,8 @@ from methods.decode import generate
 from methods.engine import StaticEngine
 from methods.proposers.sam import DYNAMIC, STATIC, Retrieval
 from methods.proposers.suffix import (SEPARATOR, FrozenAutomaton, SuffixAutomaton, corpus_automaton, load_corpus,
-                                      save_corpus)
-from methods.tree import Tree, graft
+                                      reference_layout, save_corpus)
+from methods.tree import Tree, graft, load_template
 from tests.helpers import generate_greedy
 
 CPU = torch.device("cpu")
@@ -68,6 +68,8 @@ def test_matches_equal_brute_force_search(seed):
         s, n = grown.walk(q)
         assert frozen.walk(q) == (s, n) and n == brute_match(seq, q)[0]
         assert frozen.continuation(s, 7) == grown.continuation(s, 7) == seq[brute_match(seq, q)[1]:][:7]
+        if n:  # how often the match occurs (the static tree's weights)
+            assert frozen.count[s] == sum(seq[i:i + n] == q[-n:] for i in range(len(seq) - n + 1))
 
 
 def test_a_frozen_automaton_saves_and_loads_without_pickle(tmp_path):
@@ -75,6 +77,9 @@ def test_a_frozen_automaton_saves_and_loads_without_pickle(tmp_path):
     frozen.save(tmp_path / "a.npz")
     back = FrozenAutomaton.load(tmp_path / "a.npz")
     assert back.walk([4, 5]) == frozen.walk([4, 5]) and back.continuation(frozen.walk([4, 5])[0], 5) == [6, 4, 5, 7]
+    four = frozen.walk([4])[0]
+    assert back.count.tolist() == frozen.count.tolist() and back.frequent_tree(four, 9, 8) == frozen.frequent_tree(
+        four, 9, 8)
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(HarnessError, match="not a saved suffix automaton"):
         FrozenAutomaton.load(tmp_path / "bad.npz")
@@ -94,6 +99,53 @@ def test_a_corpus_keeps_its_sequences_apart(tmp_path):
     assert cached.walk([9, 9]) == frozen.walk([9, 9])
     with pytest.raises(HarnessError, match="no SAM corpus"):
         load_corpus(tmp_path / "missing.npz")
+
+
+def corpus_of(sequences) -> FrozenAutomaton:
+    sam = SuffixAutomaton()
+    for seq in sequences:
+        sam.extend(seq + [SEPARATOR])
+    return sam.freeze()
+
+
+def test_the_static_tree_takes_the_most_frequent_continuations_best_first():
+    """SAM-Decoding's static tree (samd_sam_only/sam/static_sam.py StaticSAM.gen_draft, commit 18c41f0) on a corpus
+    where "1" is followed by 5 seven times (then 6 three times, 8 four times), by 2 six times (then 3 five times, 4
+    once) and by 7 twice: each node's probability is its share of its parent's occurrences times the parent's."""
+    corpus = corpus_of([[1, 2, 3]] * 5 + [[1, 2, 4]] + [[1, 5, 6]] * 3 + [[1, 5, 8]] * 4 + [[1, 7]] * 2)
+    one = corpus.walk([1])[0]
+    assert int(corpus.count[one]) == 15
+    # 5 (7/15), 2 (6/15), 2's 3 (6/15 x 5/6), 5's 8 (4/15), 5's 6 (3/15), 7 (2/15), 2's 4 (1/15); parents are the
+    # nodes' indices in that order (the root, the match, is node 0); the separators never count as children
+    assert corpus.frequent_tree(one, size=20, width=8) == [(0, 5), (0, 2), (2, 3), (1, 8), (1, 6), (0, 7), (2, 4)]
+    assert corpus.frequent_tree(one, size=4, width=8) == [(0, 5), (0, 2), (2, 3)]  # the root counts in the size
+    # width 2: each node offers its 2 most frequent children (not 7), and depth 2 is full after 3 and 8
+    assert corpus.frequent_tree(one, size=20, width=2) == [(0, 5), (0, 2), (2, 3), (1, 8)]
+    # equal counts, equal probabilities: the order the corpus made the transitions in decides, as in the reference
+    for first, second in ((2, 3), (3, 2)):
+        corpus = corpus_of([[1, first], [1, second]])
+        assert corpus.frequent_tree(corpus.walk([1])[0], 9, 8) == [(0, first), (0, second)]
+
+
+def test_sam_drafts_the_static_tree_breadth_first(tmp_path):
+    path = tmp_path / "c.npz"
+    save_corpus(path, [[1, 2, 3]] * 5 + [[1, 2, 4]] + [[1, 5, 6]] * 3 + [[1, 5, 8]] * 4 + [[1, 7]] * 2, {})
+    sam = build_proposer("sam", {"corpus": str(path)}, vocab_size=16, device=CPU)
+    draft = sam.propose(torch.tensor([9, 1]))  # the root 1 matches the corpus (length 1): 1 + int(4 x 1) nodes
+    assert draft.info == {"drafter": STATIC, "match": 1}
+    # taken as 5, 2, 2's 3, 5's 8; verified breadth-first
+    assert draft.tree.parents == (-1, 0, 0, 1, 2) and draft.tokens.tolist() == [1, 5, 2, 8, 3]
+
+
+def test_reference_layout_joins_the_sequences_and_adds_every_token(tmp_path):
+    """SAM-Decoding's corpus tools: one text, EOS after each sequence (not doubled), then each vocabulary id."""
+    text = reference_layout([[5, 6], [7, 2]], eos=2, vocab=9)
+    assert text[:5] == [5, 6, 2, 7, 2] and text[5:] == [t for i in range(9) for t in ([i, 2] if i != 2 else [2])]
+    save_corpus(tmp_path / "r.npz", [text], {})
+    frozen, _ = corpus_automaton(tmp_path / "r.npz", tmp_path / "cache")
+    state, length = frozen.walk([6, 2, 7])  # a match across two sequences
+    assert length == 3 and frozen.continuation(state, 3) == [2, 0, 2]  # and a chain running on into the next
+    assert frozen.walk([8])[1] == 1  # a token no sequence holds matches itself
 
 
 # --- the choice of drafter, the chain, the graft ----------------------------------------------------------
@@ -122,6 +174,51 @@ def test_the_dynamic_chain_prefers_a_match_with_a_full_continuation():
     r.sync(context)
     best = r.best(2)
     assert best.length == 2 and r.chain(best, 4) == [5, 6, 7, 8]
+
+
+def test_the_walk_to_an_earlier_match():
+    """The longest match "1 2" first ends with 4 tokens after it, its suffix "2" with 10 (Retrieval's example)."""
+    context = torch.tensor([2, 5, 6, 7, 8, 1, 2, 4, 3, 9, 1, 2])
+    chains = {}
+    for walk in (None, 0, 1):
+        r = Retrieval(None, static_bias=0, walk=walk)
+        r.sync(context)
+        best = r.best(2)
+        assert best.length == 2
+        chains[walk] = (r.chain(best, 4), r.chain(best, 5))
+    assert chains[None] == ([4, 3, 9, 1], [4, 3, 9, 1])  # samd_sam_only: the longest match's own continuation
+    assert chains[0] == ([4, 3, 9, 1], [5, 6, 7, 8, 1])  # ours: n tokens must follow
+    assert chains[1] == ([5, 6, 7, 8], [5, 6, 7, 8, 1])  # samd's to_anc: n_predicts = n + 1 (the root) must follow
+
+
+def test_reference_mode_walks_and_pads_as_the_reference_does():
+    def chain(method, context, **params):
+        proposer = build_proposer(method, {"corpus": None, **params}, vocab_size=16, device=CPU)
+        return proposer.propose(torch.tensor(context)).tokens.tolist()
+
+    context = [2, 5, 6, 7, 8, 1, 2, 4, 3, 9, 1, 2]  # Retrieval's example
+    # sam never walks (samd_sam_only): a chain of 5 from "1 2" itself, as long as its continuation
+    for reference in (False, True):
+        assert chain("sam", context, max_draft=5, alpha=0, reference=reference) == [2, 4, 3, 9, 1]
+    # sam_tr: a chain of 4 from "1 2" (4 follow it); samd's to_anc wants 40 of 40 with the root, 4 + 1 here
+    assert chain("sam_tr", context, max_draft=4, threshold=2) == [2, 4, 3, 9, 1]
+    assert chain("sam_tr", context, max_draft=4, threshold=2, reference=True) == [2, 5, 6, 7, 8]
+    # "1 2 3" is followed by 2 tokens and has no shorter match elsewhere: samd pads its chain with token 0
+    assert chain("sam_tr", [1, 2, 3, 1, 2, 3], max_draft=4, threshold=2) == [3, 1, 2]
+    assert chain("sam_tr", [1, 2, 3, 1, 2, 3], max_draft=4, threshold=2, reference=True) == [3, 1, 2, 0, 0]
+    with pytest.raises(HarnessError, match="reference=true .* neither max_draft=auto nor merge=true"):
+        build_proposer("sam_tr", {"corpus": None, "reference": True, "max_draft": "auto"}, vocab_size=16, device=CPU)
+
+
+def test_sam_tr_takes_samd_trs_tree():
+    """samd/config/token_recycle.json (commit 18c41f0): 60 drafts, depth 5, its nodes' children as listed there."""
+    tree = load_template("samd-tr")
+    assert tree.size == 61 and tree.max_depth == 5
+    assert [int((tree.depth == d).sum()) for d in range(1, 6)] == [7, 20, 21, 8, 4]
+    kids = tree.children()
+    assert kids[0] == [1, 2, 3, 4, 5, 6, 7] and kids[1] == [8, 9, 10, 11, 12, 13] and kids[13] == []
+    assert kids[28] == [49, 50] and kids[37] == [53, 54] and kids[49] == [57, 58] and kids[53] == [60]
+    assert build_proposer("sam_tr", {"corpus": None}, vocab_size=16, device=CPU).drafter.tree.parents == tree.parents
 
 
 def test_graft_shares_the_tree_prefix():
@@ -165,8 +262,10 @@ PROMPTS = [[3, 4, 5], [40, 41, 42, 43, 44], [7] * 6, [20, 21, 22, 23, 24]]
 
 @pytest.mark.parametrize("method,params", [
     ("sam", {}),
+    ("sam", {"reference": True}),
     ("sam", {"max_draft": 4, "threshold": 2, "static_bias": 0}),
     ("sam_tr", {}),
+    ("sam_tr", {"reference": True}),
     ("sam_tr", {"tree": "grown-n30-d6", "merge": True, "threshold": 2}),
     ("sam_tr", {"start": "hot", "first_step": "tree", "max_draft": 6}),
     ("sam_eagle2", {"head": "random", "total_tokens": 12}),
@@ -187,6 +286,19 @@ def test_sam_methods_are_lossless(tiny_model, tiny_corpus, method, params):
     chains = {d for d in drafters if d.endswith((DYNAMIC, STATIC))}
     assert chains, f"no step drafted a retrieved chain: {drafters}"
     assert sum(summary["accepted_drafts_by_drafter"].values()) > 0
+
+
+def test_reference_mode_is_lossless_on_a_corpus_in_the_references_layout(tiny_model, tiny_corpus, tmp_path):
+    sequences, _ = load_corpus(tiny_corpus)
+    path = tmp_path / "reference.npz"
+    save_corpus(path, [reference_layout([s.tolist() for s in sequences], eos=2, vocab=96)], {})
+    for method in ("sam", "sam_tr"):
+        proposer = build_proposer(method, {"corpus": str(path), "reference": True}, vocab_size=96, device=CPU)
+        engine = StaticEngine(tiny_model)
+        for turn, prompt in enumerate(PROMPTS):
+            gen = generate(engine, proposer, prompt, max_new_tokens=48, stop_ids=set(), turn=turn)
+            assert gen.token_ids == generate_greedy(tiny_model, prompt, 48), (method, prompt)
+        assert proposer.summary()["steps_by_drafter"].get(STATIC), method
 
 
 def test_a_missing_corpus_is_one_clear_error(tiny_model, tmp_path):

@@ -6,16 +6,17 @@ import torch
 
 from methods.base import Verification, build_proposer
 from methods.common import HarnessError
+from methods.engine import Engine
 from methods.proposers.tr import fit_tree
 from methods.tree import TreeError, load_template
 
 CPU = torch.device("cpu")
 
 
-def make(tmp_path, parents, k=2, vocab=16, start="hot"):
+def make(tmp_path, parents, k=2, vocab=16, start="hot", **params):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"parents": parents}))
-    return build_proposer("tr", {"k": k, "tree": str(path), "start": start}, vocab_size=vocab, device=CPU)
+    return build_proposer("tr", {"k": k, "tree": str(path), "start": start, **params}, vocab_size=vocab, device=CPU)
 
 
 def test_drafting_from_a_hand_written_matrix(tmp_path):
@@ -157,3 +158,145 @@ def test_first_step_is_a_full_tree_as_in_the_reference(tiny_model):
     assert gen.token_ids == ref and gen.prefill_step and gen.accept_lengths[0] == 1
     with pytest.raises(HarnessError, match="method.first_step must be one of tree, prefill"):
         build_proposer("tr", {"first_step": "draft"}, vocab_size=96, device=CPU)
+
+
+# --- method.reference=true: the reference's end of a request (methods.base.Ending) ---------------------------
+
+class Counting(Engine):
+    """A target without a model, for worked examples: after token t it predicts t + 1, then t + 3 (its top-2),
+    whatever the position or the context."""
+
+    name, device, vocab = "counting", CPU, 32
+
+    def __init__(self):
+        self.cached = 0
+
+    def start(self, capacity: int) -> None:
+        self.cached = 0
+
+    @property
+    def length(self) -> int:
+        return self.cached
+
+    def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
+        logits = torch.zeros(len(tokens), self.vocab)
+        rows = torch.arange(len(tokens))
+        logits[rows, (tokens + 1) % self.vocab], logits[rows, (tokens + 3) % self.vocab] = 2.0, 1.0
+        self.cached += len(tokens)
+        return (logits[-1:] if last_only else logits), None
+
+    def commit(self, start: int, path: list[int]) -> None:
+        self.cached = start + len(path)
+
+
+def _counting(tmp_path, reference: bool):
+    """TR with a chain of 2 rank-0 drafts over ``Counting``'s vocabulary, hot: every row t holds [t + 1, t + 2], so
+    that every step accepts its whole chain and a row the target writes, [t + 1, t + 3], shows; but row 11 is
+    empty, so that a step rooted at 11 drafts 0, 1 and commits one token."""
+    tr = make(tmp_path, [-1, 0, 1], vocab=Counting.vocab, reference=reference)
+    tr.M[:, 0], tr.M[:, 1] = ((torch.arange(Counting.vocab) + i) % Counting.vocab for i in (1, 2))
+    tr.M[11] = 0
+    return Counting(), tr
+
+
+def _written(tr) -> list[int]:
+    """The rows the target wrote: [t + 1, t + 3]."""
+    v = Counting.vocab
+    return [t for t in range(v) if tr.M[t].tolist() == [(t + 1) % v, (t + 3) % v]]
+
+
+@pytest.mark.parametrize("budget, stop_ids, ours, theirs, extra", [
+    # Forwards from the prompt [0, 1, 2] (its last token roots the first): F1 commits 3 4 5, F2 6 7 8, F3 9 10 11.
+    # 9 tokens: ours ends on F3, the reference (past 2) goes on to 11: F4, rooted at 11's empty row, commits one
+    # token (12; 10 exist) and is learned from: rows 11, 0 and 1 (its drafts); F5 (13 14 15: 13 exist) stops it
+    # unlearned, so rows 12, 13, 14 keep their old value.
+    (9, set(), [2, 3, 4, 5, 6, 7, 8, 9, 10], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1, 3]),
+    # 7 tokens: F3 makes 9 = 7 + 2, which stops the reference before it learns: rows 8, 9, 10 stay unwritten.
+    (7, set(), [2, 3, 4, 5, 6, 7, 8, 9, 10], [2, 3, 4, 5, 6, 7], []),
+    # A stop token among F2's accepted drafts (7) stops both; the reference does not learn F2's rows 5, 6, 7.
+    (20, {7}, [2, 3, 4, 5, 6, 7], [2, 3, 4], []),
+    # A stop token as F1's bonus (5) stops both after F1's update: no difference.
+    (20, {5}, [2, 3, 4], [2, 3, 4], []),
+])
+def test_reference_ending_worked_example(tmp_path, budget, stop_ids, ours, theirs, extra):
+    """Which rows each end of a request writes, ours and the reference's (Luowaterbi/TokenRecycling, commit
+    1b4c05c, evaluation/inference_recycling.py lines 99-137); the answer is the same."""
+    from methods.decode import generate
+
+    answers = []
+    for reference, rows in ((False, ours), (True, theirs)):
+        engine, tr = _counting(tmp_path, reference)
+        gen = generate(engine, tr, [0, 1, 2], max_new_tokens=budget, stop_ids=stop_ids)
+        assert _written(tr) == rows
+        assert gen.extra_forwards == (extra if reference else None)
+        assert tr.node_accepts[0] == len(gen.accept_lengths)  # the forwards past the answer count nowhere
+        answers.append((gen.token_ids, gen.accept_lengths, gen.stop))
+    assert answers[0] == answers[1]
+    tokens, lengths, _ = answers[0]
+    assert tokens == list(range(3, 3 + len(tokens))) and sum(lengths) == len(tokens)
+
+
+def test_sam_decodings_ending_forwards_once_more(tmp_path):
+    """SAM-Decoding's loop (hyx1999/SAM-Decoding, commit 18c41f0, samd/samd_model.py lines 253-272) stops once the
+    tokens before the pending bonus reach the budget, or once a forward's root and accepted drafts hold a stop
+    token, and learns from every forward: a stop token as a bonus roots one more forward, learned from."""
+    from methods.decode import generate
+    from methods.proposers.sam import SamTokenRecycling
+
+    ending = SamTokenRecycling.REFERENCE_ENDING
+    engine, tr = _counting(tmp_path, False)
+    tr.ending = ending  # the loop's rule whatever the proposer: TR's drafts stand for SAM's here
+    gen = generate(engine, tr, [0, 1, 2], max_new_tokens=20, stop_ids={5})
+    assert gen.token_ids == [3, 4, 5] and gen.stop == "eos" and gen.extra_forwards == [3]  # F2: 6 7 8 after 5
+    assert _written(tr) == [2, 3, 4, 5, 6, 7]
+    engine, tr = _counting(tmp_path, False)
+    tr.ending = ending
+    gen = generate(engine, tr, [0, 1, 2], max_new_tokens=9, stop_ids=set())  # 9 exist after F3; F4 makes 10
+    assert gen.extra_forwards == [1] and _written(tr) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    sam_tr = build_proposer("sam_tr", {"reference": True}, vocab_size=96, device=CPU)
+    assert sam_tr.ending is ending and build_proposer("sam_tr", {}, vocab_size=96, device=CPU).ending is None
+    assert build_proposer("tr", {"reference": True}, vocab_size=96, device=CPU).ending.past == 2
+
+
+@pytest.mark.parametrize("method", ["tr", "sam_tr"])
+def test_reference_mode_changes_no_answer(tiny_model, method):
+    """Hot, over several requests: the tokens are greedy decoding's; from the same matrix, a request's accept
+    lengths and TR's node statistics are those of our ending; the forwards past the answer are recorded apart,
+    and their time is not the answer's. (The last prompt ends with the stop token: the root of TR's first step,
+    which ends nothing.)"""
+    from methods.decode import generate
+
+    prompts = [[1, 5, 9, 33, 4, 5, 9, 33, 4], [1, 7, 7, 20, 3], [1, 60, 61, 62], [1, 5, 9, 33, 4, 2]]
+    ours = build_proposer(method, {"reference": True}, vocab_size=96, device=CPU)
+    ours.ending = None  # the same drafts (sam_tr's reference retrieval too), our end
+    theirs = build_proposer(method, {"reference": True}, vocab_size=96, device=CPU)
+    tr_ours, tr_theirs = (getattr(p, "drafter", p) for p in (ours, theirs))
+    extra = []
+    for i, prompt in enumerate(prompts * 2):
+        budget = 12 + 5 * i
+        ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=budget, do_sample=False)[0, len(prompt):]
+        tr_theirs.load_state_dict(tr_ours.state_dict())
+        a = generate(tiny_model, ours, prompt, max_new_tokens=budget, stop_ids={2})
+        b = generate(tiny_model, theirs, prompt, max_new_tokens=budget, stop_ids={2})
+        assert a.token_ids == b.token_ids == ref.tolist()[: len(a.token_ids)]
+        assert a.accept_lengths == b.accept_lengths and sum(b.accept_lengths) == len(b.token_ids)
+        assert torch.equal(tr_ours.node_accepts, tr_theirs.node_accepts)
+        assert a.extra_forwards is None and b.wall_time == b.prefill_time + b.decode_time
+        extra += b.extra_forwards
+    assert extra and len(extra) <= 2 * len(prompts) * 2  # one or two forwards past the budget at most
+
+
+@pytest.mark.slow
+def test_a_run_records_the_forwards_past_the_answer_apart(tmp_path, reuse_embedded):
+    """method.reference=true through the runner: the forwards past the answer land in the answer record as
+    ``extra_forwards`` and ``extra_time``, and in no step count."""
+    from evaluation.answers import read_answers
+    from evaluation.config import compose_config
+    from evaluation.runner import run
+
+    out = run(compose_config(["method=tr", "method.reference=true", "warmup=0", "runtime.progress=false",
+                              "bench.question_ids=[161]", "bench.max_new_tokens=8"]), tmp_path / "run")
+    c = read_answers(out)[0]["choices"][0]
+    assert c["extra_forwards"][0] and all(n >= 1 for n in c["extra_forwards"][0]) and c["extra_time"][0] > 0
+    assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) == 8 and len(c["accept_lengths"]) == sum(
+        c["decoding_steps"])

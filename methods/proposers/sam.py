@@ -1,4 +1,4 @@
-"""SAM-Decoding (Hu et al., arXiv 2411.10666, ACL 2025): drafts retrieved by suffix automata, alone or with a tree drafter.
+"""SAM-Decoding (Hu et al., arXiv 2411.10666, ACL 2025): drafts found by suffix automata, alone or with a tree drafter.
 
 Every step looks for the longest suffix of the committed sequence (its newest token, the root,
 included) that occurred before, in two suffix automata (``methods.proposers.suffix``):
@@ -8,38 +8,68 @@ included) that occurred before, in two suffix automata (``methods.proposers.suff
 * the **static** one over a corpus (``method.corpus``, by default the model config's
   ``sam_corpus``), whose match length counts ``static_bias`` less.
 
-When the better match scores at least ``threshold`` (a tie goes to the dynamic automaton), the
-tokens that followed its first occurrence are the draft, a chain of up to ``max_draft`` and, with
-``alpha``, of at most ``alpha`` times the match score (the dynamic automaton moves to a shorter match
-whose first occurrence is followed by enough tokens, when the longest one's is not: SAM-Decoding's
-``to_anc``). Otherwise the step is the tree drafter's:
+When the better match scores at least ``threshold`` (a tie goes to the dynamic automaton), what
+followed its first occurrence is the draft:
+
+* from the dynamic automaton, a chain of up to ``max_draft`` tokens and, with ``alpha``, of at most
+  ``alpha`` times the match score; in the hybrids the match first moves to a shorter one whose first
+  occurrence is followed by enough tokens, when the longest one's is not (SAM-Decoding's ``to_anc``;
+  ``Retrieval``'s ``walk``);
+* from the static automaton, in ``sam`` a tree of the corpus's most frequent continuations, best
+  first (as many nodes as the chain would have, at most 8 per depth:
+  ``FrozenAutomaton.frequent_tree``); in the hybrids a chain, as from the dynamic one.
+
+Otherwise the step is the tree drafter's:
 
 * ``sam``: none, a plain step;
-* ``sam_tr``: Token Recycling (``methods.proposers.tr``); its matrix learns from every verified node,
-  whichever drafter drafted it, and from the prompt's prefill logits (``start=hot_prompt``);
+* ``sam_tr``: Token Recycling (``methods.proposers.tr``) on SAM-Decoding's own tree (``samd-tr``:
+  60 drafts, depth 5); its matrix learns from every verified node, whichever drafter drafted it, and
+  from the prompt's prefill logits (``start=hot_prompt``);
 * ``sam_eagle2``: EAGLE-2 (``methods.proposers.eagle``), whose head is fed every accepted token.
 
-This follows SAM-Decoding's code (hyx1999/SAM-Decoding, commit 18c41f0). The hybrids: ``DraftModel.lookup``
-in ``samd/draft.py`` (the choice), ``DynSAM`` and ``StaticSAM`` in ``samd/sam/`` (``transfer_state``,
-``to_anc``, ``gen_draft``), the prefill's update in ``samd/samd_model.py`` and the defaults of
+This follows SAM-Decoding's code (hyx1999/SAM-Decoding, commit 18c41f055b424fa3fa0bac41a8953d34cea1ed77).
+The hybrids: ``DraftModel.lookup`` in ``samd/draft.py`` (the choice), ``DynSAM`` and ``StaticSAM`` in
+``samd/sam/`` (``transfer_state``, ``to_anc``, ``gen_draft``), the prefill's update in
+``samd/samd_model.py``, TR's tree ``samd/config/token_recycle.json`` and the defaults of
 ``samd/samd_config.py`` and ``scripts/inference_samd.sh`` (``n_predicts=40`` tokens with the root,
 so 39 drafts; threshold 5; bias 5; no ``alpha``). ``sam`` alone: the reference's SAM-only variant,
 ``samd_sam_only/draft.py`` ``DraftModel.lookup`` (a draft at every step from the better match, however
-short) and ``samd_sam_only/sam/dyn_sam.py`` ``gen_draft`` (``min(max_predicts, 1 + int(alpha * length))``
-tokens with the root), with the defaults of ``samd_sam_only/samd_config.py`` and
-``scripts/inference_samd_sam_only.sh`` (``max_predicts=60``: 59 drafts; ``alpha=4``; bias 0). Where we
-differ, the tokens are the same and only the work differs: a continuation shorter than the chain
-is drafted as it is (the reference pads it with token 0), a match with nothing after it falls back
-to the tree drafter (the reference verifies a chain of padding), a corpus's sequences are kept
-apart (the reference joins them with EOS and adds every vocabulary token as a one-token sequence),
-and the SAM-only variant's static automaton drafts a chain here (the reference's drafts a tree of
-the corpus's most frequent continuations).
+short), ``samd_sam_only/sam/dyn_sam.py`` ``gen_draft`` (``min(max_predicts, 1 + int(alpha * length))``
+tokens with the root, from the longest match: no walk) and ``samd_sam_only/sam/static_sam.py``
+``StaticSAM.gen_draft`` (the tree), with the defaults of ``samd_sam_only/samd_config.py`` and
+``scripts/inference_samd_sam_only.sh`` (``max_predicts=60``: 59 drafts; ``alpha=4``; bias 0; ``K=8``).
+
+``reference=true`` is that code step for step, checked on the embedded model against the reference
+code itself (accept lengths equal at every step of 12 Spec-Bench first turns, for ``sam`` with and
+without a corpus and for ``sam_tr``). Where the default differs, the tokens are the same and only the
+work differs, each measured on those 12 turns where it matters:
+
+* the hybrids' walk needs ``max_draft`` tokens after the match for a chain of ``max_draft``; the
+  reference's ``to_anc`` wants ``n_predicts``, one more (``samd/sam/dyn_sam.py`` line 102: MAT of
+  ``sam_tr`` 2.308 ours, 2.304 the reference's rule);
+* a continuation shorter than the chain is drafted as it is, and a match with nothing after it
+  falls back to the tree drafter; the hybrids' reference pads the chain to ``n_predicts`` with
+  token 0 (``samd/sam/dyn_sam.py`` lines 110-112, ``static_sam.py`` lines 122-124), so that it
+  verifies a chain of padding there, as ``reference=true`` does;
+* ``sam``'s defaults are the reference's (reference=true changes nothing for it): its walk-free
+  chains (MAT 1.574 without a corpus, 1.570 with the hybrids' walk) and static tree (1.919 with
+  the embedded model's corpus, 1.780 for a chain from the first occurrence);
+* the corpus (``scripts.make_sam_corpus``) keeps its sequences apart; the reference's tools join
+  them with EOS and add every vocabulary token as a one-token sequence (``--layout reference``,
+  which ``reference=true`` needs to be step for step the reference's: ``sam`` MAT 1.910 with it,
+  1.919 apart).
+
+One thing is not the reference's even so: where a static tree's path ends before the tree's
+deepest level, the reference pads it with token 0 and, should the model predict token 0 there,
+accepts it with the logits of the tree's last node (``samd_sam_only/utils.py`` lines 95-96,
+``samd_sam_only/samd_model.py`` lines 144-154), which is no longer greedy decoding; here the path ends.
 
 New here: ``merge=true`` (hybrids) verifies the chain and the tree drafter's tree together, the
 chain grafted onto the tree where they share a prefix (``methods.tree.graft``), so that no step has
 to choose; ``max_draft=auto`` caps the chain, by match score, where the tokens it is expected to
-get accepted stop paying for its rows on this device (``methods.calibrate.chain_budget``). Every
-step's drafter and best match score go to the answer file (``step_info``).
+get accepted stop paying for its rows on this device (``methods.calibrate.chain_budget``; ``sam``'s
+static tree takes the same cap). Every step's drafter and best match score go to the answer file
+(``step_info``).
 """
 from __future__ import annotations
 
@@ -50,7 +80,7 @@ from typing import ClassVar
 
 import torch
 
-from methods.base import Draft, Preparation, Proposer, Verification, register
+from methods.base import Draft, Ending, Preparation, Proposer, Verification, register
 from methods.calibrate import chain_budget
 from methods.common import CACHE, ROOT, HarnessError
 from methods.params import AUTO, artefact, param
@@ -59,7 +89,8 @@ from methods.proposers.suffix import FrozenAutomaton, SuffixAutomaton, corpus_au
 from methods.proposers.tr import FIRST_STEPS, STARTS, TokenRecycling
 from methods.tree import Tree, graft
 
-DYNAMIC, STATIC = "sam", "sam_static"  # the drafter names of a chain step, by the automaton it came from
+DYNAMIC, STATIC = "sam", "sam_static"  # the drafter names of a retrieved step, by the automaton it came from
+TREE_WIDTH = 8  # the static tree's most nodes per depth and children per node (samd_sam_only/samd_config.py K)
 
 
 @dataclass(frozen=True)
@@ -71,10 +102,19 @@ class Match:
 
 
 class Retrieval:
-    """The two automata of one run: the dynamic one per request, the static one (optional) fixed."""
+    """The two automata of one run: the dynamic one per request, the static one (optional) fixed.
 
-    def __init__(self, corpus: FrozenAutomaton | None, static_bias: int):
-        self.corpus, self.static_bias = corpus, static_bias
+    ``walk``: before a dynamic chain of ``n`` tokens, the match moves along suffix links to shorter ones while its
+    first occurrence is followed by fewer than ``n + walk`` tokens (SAM-Decoding's ``to_anc``,
+    ``samd/sam/dyn_sam.py`` lines 99-105, whose ``n_predicts`` counts the root: ``walk=1`` there); None: never
+    (its SAM-only method, ``samd_sam_only/sam/dyn_sam.py``, whose ``gen_draft``, lines 116-121, drafts from the
+    longest match).
+    Worked example, the text ``2 5 6 7 8 1 2 4 3 9 1`` and the root 2: the longest match "1 2" first ends with 4
+    tokens after it, its suffix "2" with 10. A chain of 4 is [4 3 9 1] without a walk or with ``walk=0``, and
+    [5 6 7 8] with ``walk=1`` (4 < 4 + 1); a chain of 5 is [4 3 9 1] without a walk, [5 6 7 8 1] with one."""
+
+    def __init__(self, corpus: FrozenAutomaton | None, static_bias: int, walk: int | None = 0):
+        self.corpus, self.static_bias, self.walk = corpus, static_bias, walk
         self.reset()
 
     def reset(self) -> None:
@@ -105,12 +145,13 @@ class Retrieval:
         return best
 
     def chain(self, match: Match, n: int) -> list[int]:
-        """Up to ``n`` tokens that followed ``match``'s first occurrence."""
+        """Up to ``n`` tokens that followed ``match``'s first occurrence (the dynamic one's after the ``walk``)."""
         if match.source == STATIC:
             return self.corpus.continuation(match.state, n)
         d, state = self.dynamic, match.state
-        while d.link[state] > 0 and len(d) - d.end[state] < n:  # SAM-Decoding's to_anc
-            state = d.link[state]
+        if self.walk is not None:
+            while d.link[state] > 0 and len(d) - d.end[state] < n + self.walk:
+                state = d.link[state]
         return d.continuation(state, n)
 
 
@@ -129,6 +170,10 @@ class _Retrieving(Proposer):
     """SAM's chain when its match scores at least ``threshold``, else ``Drafter``'s step (None: a plain step)."""
 
     Drafter: ClassVar[type | None] = None
+    STATIC_TREE: ClassVar[bool] = False  # the static automaton drafts a chain (samd/sam/static_sam.py, lines 119-125)
+    WALK: ClassVar[int | None] = 0  # Retrieval's walk: ours, a chain of n needs n tokens after its match
+    REFERENCE_WALK: ClassVar[int | None] = 1  # reference=true: samd's to_anc, n + 1 with the root
+    REFERENCE_PADS: ClassVar[bool] = True  # reference=true: a chain is padded to max_draft with token 0 (samd)
 
     @classmethod
     def example(cls, folder, prompts) -> dict:
@@ -147,15 +192,23 @@ class _Retrieving(Proposer):
                              "0: no such limit", low=0)
         corpus: str | None = param(None, "the static automaton's corpus file (scripts.make_sam_corpus), or null; "
                                    "in a run, the model config's artefacts.sam_corpus", config=artefact("sam_corpus"))
+        reference: bool = param(False, "true: step for step SAM-Decoding's code (samd_sam_only for sam, whose "
+                                "defaults are already its; samd for the hybrids): the walk to an earlier match needs "
+                                "max_draft + 1 tokens after it (not max_draft), chains are padded to max_draft with "
+                                "token 0, and sam_tr ends a request as samd's loop does; exact with a corpus in the "
+                                "reference's layout (scripts.make_sam_corpus --layout reference)")
 
     def __init__(self, params, drafter: Proposer | None, corpus: FrozenAutomaton | None, about: dict | None,
                  device: torch.device):
         self.max_draft, self.threshold, self.alpha = params.max_draft, params.threshold, params.alpha
         self.longest = type(params)().max_draft  # the declared default: the chain of the reference, auto's probe
         self.static_bias, self.corpus_file, self.corpus_about = params.static_bias, params.corpus, about
-        self.merge = getattr(params, "merge", False)
+        self.merge, self.reference = getattr(params, "merge", False), params.reference
+        self.pads = params.reference and self.REFERENCE_PADS
+        self.static_tree = self.STATIC_TREE
         self.drafter, self.device = drafter, device
-        self.retrieval = Retrieval(corpus, params.static_bias)
+        self.retrieval = Retrieval(corpus, params.static_bias,
+                                   walk=self.REFERENCE_WALK if params.reference else self.WALK)
         self.budget: dict | None = None  # max_draft=auto: the caps by match score (methods.calibrate)
         self.log: list[tuple[int, int, int]] | None = None  # calibration: (score, drafted, accepted) per chain
         self.steps, self.accepted = Counter(), Counter()  # per drafter, for the summary
@@ -172,6 +225,9 @@ class _Retrieving(Proposer):
     def check(cls, params) -> None:
         if cls.Drafter is not None:
             cls.Drafter.check(cls._drafter_params(params))
+        if params.reference and (params.max_draft == AUTO or getattr(params, "merge", False)):
+            raise HarnessError("method.reference=true drafts as SAM-Decoding's code does, which has neither "
+                               "max_draft=auto nor merge=true: give max_draft a number and leave merge false")
         if params.corpus:
             corpus_path(params.corpus)
 
@@ -194,6 +250,8 @@ class _Retrieving(Proposer):
         params = SuffixDecoding.Params(max_draft=self.longest, threshold=self.threshold, static_bias=self.static_bias,
                                        alpha=self.alpha, corpus=self.corpus_file)
         probe = SuffixDecoding(params, None, self.retrieval.corpus, self.corpus_about, self.device)
+        probe.static_tree = False  # the caps are a chain's: the corpus's matches draft chains here too
+        probe.retrieval.walk = self.retrieval.walk
         probe.log = []
         return probe
 
@@ -233,7 +291,16 @@ class _Retrieving(Proposer):
         root = context[-1:]
         match = self.retrieval.best(int(root))
         score = match.score if match else 0
-        chain = self.retrieval.chain(match, self.cap(score)) if match and score >= self.threshold else []
+        drafts = match is not None and score >= self.threshold
+        if drafts and match.source == STATIC and self.static_tree:  # sam: a tree of the corpus's continuations
+            nodes = self.retrieval.corpus.frequent_tree(match.state, self.cap(score) + 1, TREE_WIDTH)
+            tree, order = Tree.breadth_first([-1] + [parent for parent, _ in nodes])
+            tokens = [int(root)] + [token for _, token in nodes]
+            return Draft(torch.tensor([tokens[i] for i in order], device=root.device), tree.to(root.device),
+                         info={"drafter": STATIC if nodes else "plain", "match": score})
+        chain = self.retrieval.chain(match, self.cap(score)) if drafts else []
+        if drafts and self.pads:
+            chain += [0] * (self.cap(score) - len(chain))
         if chain and not self.merge:
             tokens = torch.cat([root, torch.tensor(chain, device=root.device)])
             return Draft(tokens, Tree.chain(len(tokens)).to(root.device), info={"drafter": match.source,
@@ -278,7 +345,7 @@ class _Retrieving(Proposer):
     def summary(self) -> dict:
         corpus = self.retrieval.corpus
         out = {"max_draft": self.max_draft, "threshold": self.threshold, "static_bias": self.static_bias,
-               "alpha": self.alpha,
+               "alpha": self.alpha, "reference": self.reference,
                "corpus": self.corpus_file, **({"merge": self.merge} if self.drafter is not None else {}),
                **({"corpus_tokens": len(corpus), "corpus_states": corpus.states, "corpus_about": self.corpus_about}
                   if corpus is not None else {}),
@@ -291,9 +358,13 @@ class _Retrieving(Proposer):
 
 @register
 class SuffixDecoding(_Retrieving):
-    """SAM alone: a chain where a match is long enough, else a plain step."""
+    """SAM alone: a chain from the request, or a tree from the corpus, where a match is long enough, else a plain
+    step."""
 
     name = "sam"
+    STATIC_TREE = True  # samd_sam_only/sam/static_sam.py StaticSAM.gen_draft (FrozenAutomaton.frequent_tree)
+    WALK = REFERENCE_WALK = None  # samd_sam_only/sam/dyn_sam.py gen_draft: the longest match's first occurrence
+    REFERENCE_PADS = False  # its chain is as long as the continuation (gen_draft, lines 116-121)
 
     @dataclass
     class Params(_Retrieving.Params):  # the SAM-only variant's (samd_sam_only/, scripts/inference_samd_sam_only.sh)
@@ -310,8 +381,17 @@ class SuffixDecoding(_Retrieving):
 
 @register
 class SamTokenRecycling(_Retrieving):
+    """SAM with Token Recycling. ``reference=true`` ends each request as SAM-Decoding's loop does (commit 18c41f0,
+    ``samd/samd_model.py``, ``SamdModel.generate``, lines 253-272): a forward's bonus stays pending as the next
+    root, and the loop stops after a forward whose root and accepted drafts hold a stop token (lines 257-263) or
+    bring the tokens it counts, the pending bonus left out, to ``max_new_tokens`` (lines 265-272), having learned
+    from that forward (``decode`` runs ``update_state``, lines 172-208, before). So it forwards once more when
+    the answer ends with exactly ``max_new_tokens`` tokens or on a stop token as a bonus, and TR's matrix, which
+    outlives the request, learns from that forward (``methods.base.Ending``)."""
+
     name = "sam_tr"
     Drafter = TokenRecycling
+    REFERENCE_ENDING: ClassVar[Ending] = Ending(past=1, learns_last=True, stops_on_bonus=False)
 
     @dataclass
     class Params(_Retrieving.Params, TokenRecycling.Params):
@@ -319,7 +399,20 @@ class SamTokenRecycling(_Retrieving):
                            "which also learns from the prompt's prefill logits", choices=STARTS)
         first_step: str = param("prefill", "TR's first step (methods.proposers.tr); prefill: SAM-Decoding's, the "
                                 "prefill yields the first token", choices=FIRST_STEPS)
+        tree: str = param("samd-tr", "TR's tree (methods.proposers.tr); samd-tr: SAM-Decoding's (samd/config/"
+                          "token_recycle.json: 60 drafts, depth 5); paper: TR's own (80, depth 6), auto, or a file")
         merge: bool = param(False, "true: verify the retrieved chain and TR's tree together in one tree")
+
+    def __init__(self, params, *args):
+        super().__init__(params, *args)
+        self.ending = self.REFERENCE_ENDING if params.reference else None
+
+    def update(self, draft: Draft, result: Verification) -> None:
+        """Past the answer TR learns and the drafters' statistics count nothing."""
+        if result.past_answer:
+            self.drafter.update(draft, result)
+        else:
+            super().update(draft, result)
 
 
 @register

@@ -18,13 +18,17 @@ Worked example, the text ``[1 2 3 1 2]``::
 Two forms: ``SuffixAutomaton`` grows one token at a time (the prompt and output of a request, the
 classic online construction: amortised O(1) per token); ``FrozenAutomaton`` is the same automaton
 in flat arrays (transitions sorted per state), built once from a corpus and saved with numpy, never
-pickled. Both answer ``advance`` and ``continuation`` alike.
+pickled. Both answer ``advance`` and ``continuation`` alike. The frozen one also knows how often
+each state's strings occur (``count``) and drafts a tree of a match's most frequent continuations
+(``frequent_tree``), as SAM-Decoding's static automaton does for its SAM-only method.
 
 The construction is the textbook one (Blumer et al. 1985); SAM-Decoding (hyx1999/SAM-Decoding,
-``samd/sam/dyn_sam.py``) uses the same automaton with the first end position per state.
+``samd/sam/dyn_sam.py``) uses the same automaton with the first end position per state. Ours adds
+transitions to a state in the same order as the reference's (the order ``frequent_tree`` breaks ties by).
 """
 from __future__ import annotations
 
+import heapq
 from array import array
 from bisect import bisect_left
 from pathlib import Path
@@ -115,21 +119,46 @@ class SuffixAutomaton:
         start = self.end[state]
         return self.tokens[start: start + n]
 
+    def occurrences(self) -> np.ndarray:
+        """How often each state's strings occur in the text (its number of end positions).
+
+        Every prefix of the text ends at one position of its own, in the state made when its last token came
+        (``length == end``); a clone (``length < end``) has none of its own. A state's positions are its own and
+        those of the states whose suffix link leads to it, so the counts add up the links, longest state first.
+
+        >>> SuffixAutomaton([1, 2, 1, 2]).occurrences()[1:].tolist()   # states "1", "(1) 2", "(1) 2 1", "(1 2) 1 2"
+        [2, 2, 1, 1]
+        """
+        link = self.link
+        count = [int(n == e) for n, e in zip(self.length, self.end)]
+        count[0] = 0  # the root (the empty string) is never a match
+        for s in np.argsort(-np.array(self.length), kind="stable")[:-1].tolist():  # all but the root, the shortest
+            if link[s] > 0:
+                count[link[s]] += count[s]
+        return np.array(count, dtype=np.int64)
+
     def freeze(self) -> "FrozenAutomaton":
-        """The same automaton in flat arrays (for a corpus: built once, saved, loaded without pickling)."""
-        counts = np.fromiter((len(d) for d in self.next), dtype=np.int64, count=self.states)
+        """The same automaton in flat arrays (for a corpus: built once, saved, loaded without pickling), with every
+        state's occurrence count and its transitions ranked by how often their targets occur, most first, ties in
+        the order the transitions were made (``FrozenAutomaton.frequent_tree``)."""
+        sizes = np.fromiter((len(d) for d in self.next), dtype=np.int64, count=self.states)
         offsets = np.zeros(self.states + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        np.cumsum(sizes, out=offsets[1:])
         keys = np.empty(int(offsets[-1]), dtype=np.int64)
         targets = np.empty(int(offsets[-1]), dtype=np.int64)
+        ranked = np.empty(int(offsets[-1]), dtype=np.int64)
+        count = self.occurrences()
         at = 0
         for d in self.next:
+            slot = {}
             for k in sorted(d):
-                keys[at], targets[at] = k, d[k]
+                keys[at], targets[at], slot[k] = k, d[k], at
                 at += 1
+            # A dict iterates in insertion order and sorted() is stable: ties stay in the order they were made.
+            ranked[at - len(d): at] = [slot[k] for k in sorted(d, key=lambda k: -count[d[k]])]
         return FrozenAutomaton(offsets, keys, targets, np.array(self.link, dtype=np.int64),
                                np.array(self.length, dtype=np.int64), np.array(self.end, dtype=np.int64),
-                               np.array(self.tokens, dtype=np.int64))
+                               np.array(self.tokens, dtype=np.int64), count, ranked)
 
 
 def _ints(a: np.ndarray) -> array:
@@ -138,19 +167,35 @@ def _ints(a: np.ndarray) -> array:
     return out
 
 
+class _Candidate:
+    """A node waiting in ``frequent_tree``'s heap. It compares by its negated probability alone, as the reference's
+    heap items do (``SearchItem``, ``dataclass(order=True)`` with every other field ``compare=False``), so that
+    among equal probabilities ``heapq``'s own order picks the same node as there."""
+
+    __slots__ = ("key", "token", "state", "parent", "depth")
+
+    def __init__(self, key: float, token: int, state: int, parent: int, depth: int):
+        self.key, self.token, self.state, self.parent, self.depth = key, token, state, parent, depth
+
+    def __lt__(self, other: "_Candidate") -> bool:
+        return self.key < other.key
+
+
 class FrozenAutomaton:
     """A suffix automaton in arrays: state ``s``'s transitions are ``keys[offsets[s]:offsets[s+1]]`` (sorted)
-    to ``targets[...]``; ``link``, ``length`` and ``end`` per state; ``tokens`` the text."""
+    to ``targets[...]``; ``link``, ``length``, ``end`` and ``count`` (occurrences) per state; ``ranked[offsets[s]:
+    offsets[s+1]]`` the indices of ``s``'s transitions, the most frequent target first; ``tokens`` the text."""
 
-    FIELDS = ("offsets", "keys", "targets", "link", "length", "end", "tokens")
+    FIELDS = ("offsets", "keys", "targets", "link", "length", "end", "tokens", "count", "ranked")
 
-    def __init__(self, offsets, keys, targets, link, length, end, tokens):
+    def __init__(self, offsets, keys, targets, link, length, end, tokens, count, ranked):
         self.offsets, self.keys, self.targets = offsets, keys, targets
         self.link, self.length, self.end, self.tokens = link, length, end, tokens
+        self.count, self.ranked = count, ranked
         # The walk reads plain int64 arrays (a token's lookup is a bisection in one state's keys): indexing one
         # gives a Python int at once, where a numpy scalar costs a microsecond; 8 bytes an entry either way.
-        self._offsets, self._keys, self._targets, self._link, self._length = (
-            _ints(a) for a in (offsets, keys, targets, link, length))
+        self._offsets, self._keys, self._targets, self._link, self._length, self._count, self._ranked = (
+            _ints(a) for a in (offsets, keys, targets, link, length, count, ranked))
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -184,6 +229,48 @@ class FrozenAutomaton:
         cut = np.flatnonzero(out == SEPARATOR)
         return out[: cut[0] if len(cut) else len(out)].tolist()
 
+    def frequent_tree(self, state: int, size: int, width: int) -> list[tuple[int, int]]:
+        """A tree of the most frequent continuations of ``state``'s strings, best first: ``(parent, token)`` of each
+        node after the root (node 0, the match itself), in the order they were taken; at most ``size`` nodes with
+        the root and ``width`` per depth.
+
+        SAM-Decoding's SAM-only method drafts this from its static automaton (hyx1999/SAM-Decoding 18c41f0,
+        ``samd_sam_only/sam/static_sam.py``: ``StaticSAM.gen_draft`` lines 182-215, ``init_topk_next`` lines
+        137-146): a heap of candidates keyed by the product, along their path, of each token's share of its parent
+        state's occurrences, starting from the root at probability 1; each one taken offers its state's ``width``
+        most frequent transitions; a candidate whose depth already has ``width`` nodes is dropped. The products are
+        formed in the same order as there, so that equal probabilities stay equal and ties fall out alike.
+        ``SEPARATOR`` (between a corpus's sequences) is never offered.
+
+        >>> sam = SuffixAutomaton([1, 2, 4, 1, 2, 4, 1, 3, 1, 2]).freeze()   # "1": 4 times, 3 of them "1 2"
+        >>> sam.frequent_tree(sam.walk([1])[0], size=4, width=8)   # 2 (p 3/4), its 4 (3/4 x 2/3), 4's 1 (1/2 x 1)
+        [(0, 2), (1, 4), (2, 1)]
+        """
+        offsets, keys, targets, ranked, count = self._offsets, self._keys, self._targets, self._ranked, self._count
+        heap = [_Candidate(-1.0, -1, state, -1, 0)]
+        nodes: list[tuple[int, int]] = []
+        per_depth: dict[int, int] = {}
+        while heap and len(nodes) < size:
+            c = heapq.heappop(heap)
+            if per_depth.get(c.depth, 0) >= width:
+                continue
+            per_depth[c.depth] = per_depth.get(c.depth, 0) + 1
+            index = len(nodes)
+            nodes.append((c.parent, c.token))
+            if len(nodes) == size:
+                break
+            total, offered = count[c.state], 0
+            for i in range(offsets[c.state], offsets[c.state + 1]):
+                if offered == width:
+                    break
+                slot = ranked[i]
+                token, child = keys[slot], targets[slot]
+                if token == SEPARATOR:
+                    continue
+                heapq.heappush(heap, _Candidate(c.key * (count[child] / total), token, child, index, c.depth + 1))
+                offered += 1
+        return nodes[1:]
+
     def save(self, path: Path) -> None:
         with atomic(Path(path)) as tmp:
             with open(tmp, "wb") as f:
@@ -202,6 +289,25 @@ class FrozenAutomaton:
 # ---------------------------------------------------------------- corpora: token sequences for a static automaton
 
 SEPARATOR = -1  # between a corpus's sequences in its automaton: no token matches it, so no match spans two
+FORMAT = 2  # of a cached corpus automaton (2: with count and ranked); in its file name, so an older one is not read
+
+
+def reference_layout(sequences, eos: int, vocab: int) -> list[int]:
+    """The corpus as SAM-Decoding's corpus tools lay it out, one sequence: each sequence then every vocabulary id
+    as a sequence of its own, each followed by ``eos`` unless it ends with it (hyx1999/SAM-Decoding 18c41f0,
+    ``tools/gen_sam_alpaca.py`` and ``tools/gen_sam_alpaca_sam_only.py`` lines 39-46; ``StaticSAM.add_batch_tokens``
+    in ``samd/sam/static_sam.py`` lines 32-36). One text, so a match or a chain may run on into the next
+    sequence, and every token matches at least itself, as there; saved as one sequence, its automaton is theirs.
+
+    >>> reference_layout([[5, 6], [7, 2]], eos=2, vocab=3)
+    [5, 6, 2, 7, 2, 0, 2, 1, 2, 2]
+    """
+    out: list[int] = []
+    for s in [*sequences, *([i] for i in range(vocab))]:
+        out.extend(s)
+        if s[-1] != eos:
+            out.append(eos)
+    return out
 
 
 def save_corpus(path: Path, sequences: list[list[int]], about: dict) -> None:
@@ -249,7 +355,7 @@ def corpus_automaton(path: Path, cache: Path) -> tuple[FrozenAutomaton, dict]:
                            f"method.corpus=null for none") from None
     sequences, about = load_corpus(path)
     about = {**about, "sha256": digest}
-    saved = cache / f"{path.stem}-{digest}.npz"
+    saved = cache / f"{path.stem}-{digest}-f{FORMAT}.npz"
     if saved.is_file():
         return FrozenAutomaton.load(saved), about
     sam = SuffixAutomaton()

@@ -28,9 +28,19 @@ Following the reference code (Luowaterbi/TokenRecycling, ``evaluation/inference_
 ``recycling_forward``): the prefill covers the prompt but its last token, so the first step
 is a full tree rooted at the prompt's last token, which can accept several tokens and
 writes every node's row (``first_step=tree``, via the loop's ``drafts_first``);
-``first_step=prefill`` lets the prefill yield the first token instead. Where we differ: the
-reference skips the update of the step that ends generation (its loop breaks first); ours
-writes it, which changes nothing within a request.
+``first_step=prefill`` lets the prefill yield the first token instead.
+
+Where a request ends, we differ unless ``reference=true``. The reference's loop (commit 1b4c05c,
+``evaluation/inference_recycling.py`` lines 99-137) keeps each forward's bonus token pending as the next
+root and appends the root and accepted drafts to the sequence (lines 117-126); it leaves the loop, before
+the update of lines 131-132, when those hold the EOS token or when the sequence, the pending bonus left
+out, holds more than ``max_new_tokens`` new tokens (line 128): once ``max_new_tokens + 2`` exist, counting
+the bonus. A bonus that is EOS ends it after the update (lines 134-137). So it forwards once or twice past
+the budget, learning from all those forwards but the last, and never learns from a forward that ends it on
+the count or on an accepted EOS. Within a request none of this changes a token or an accept length; under
+a hot start it changes the matrix the next request starts from. ``reference=true`` does the same through
+the loop's ``Proposer.ending`` (``methods.decode``), whose forwards past the answer emit, time and count
+no answer token; the default ends with the answer and learns from its last forward.
 """
 from __future__ import annotations
 
@@ -38,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Draft, Preparation, Proposer, Verification, register
+from methods.base import Draft, Ending, Preparation, Proposer, Verification, register
 from methods.calibrate import auto_tree
 from methods.common import HarnessError
 from methods.params import param
@@ -48,6 +58,7 @@ STARTS = ("hot", "cold", "prompt", "hot_prompt")
 SEEDED = ("prompt", "hot_prompt")  # the starts that write the prompt's rows from its prefill logits
 FIRST_STEPS = ("tree", "prefill")
 AUTO = "auto"  # method.tree=auto: the tree chosen for this engine and device (methods.autotree)
+REFERENCE_ENDING = Ending(past=2, learns_last=False, stops_on_bonus=True)  # inference_recycling.py lines 128-137
 
 
 def fit_tree(tree: Tree, k: int) -> Tree:
@@ -94,11 +105,15 @@ class TokenRecycling(Proposer):
         first_step: str = param("tree", "tree (the reference: the prefill leaves out the prompt's last token, "
                                 "whose tree is the first step) | prefill (the prefill yields the first token)",
                                 choices=FIRST_STEPS)
+        reference: bool = param(False, "true: end each request as the reference code does, forwarding past the "
+                                "answer until max_new_tokens + 2 tokens exist and learning from all those forwards "
+                                "but the last (the next request's matrix; the answer is the same)")
 
     def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device,
-                 first_step: str):
+                 first_step: str, reference: bool = False):
         self.k, self.start, self.tree_name, self.device = k, start, tree_name, device
-        self.first_step = first_step
+        self.first_step, self.reference = first_step, reference
+        self.ending = REFERENCE_ENDING if reference else None
         self.drafts_first = first_step == "tree"  # the reference's prefill: the prompt but its last token
         self.topk = k  # the verifier hands back every node's top-K: the update needs nothing else
         self.wants_prompt_logits = start in SEEDED
@@ -140,7 +155,7 @@ class TokenRecycling(Proposer):
         if k > vocab_size:
             raise HarnessError(f"method.k must be an integer from 1 to {min(vocab_size, 1024)}, got {k!r}")
         if tree_name == AUTO:  # a plain step until prepare() sets the chosen tree
-            return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device, first_step)
+            return cls(vocab_size, k, Tree.from_parents((-1,)), AUTO, start, device, first_step, params.reference)
         tree = load_template(tree_name)
         if params.fit_tree_to_k:
             tree = fit_tree(tree, k)
@@ -150,7 +165,7 @@ class TokenRecycling(Proposer):
                             f"(got {k}); raise method.k, or set method.fit_tree_to_k=true to clip the tree")
         if tree.size < 2:
             raise TreeError(f"tree '{tree_name}' has no draft nodes; TR needs at least one")
-        return cls(vocab_size, k, tree, tree_name, start, device, first_step)
+        return cls(vocab_size, k, tree, tree_name, start, device, first_step, params.reference)
 
     def prepare(self, preparation: Preparation) -> None:
         """tree=auto: choose the tree for this engine and device (``methods.calibrate``)."""
@@ -189,10 +204,12 @@ class TokenRecycling(Proposer):
         return Draft(tokens.clone(), self.tree)
 
     def update(self, draft: Draft, result: Verification) -> None:
-        """Every verified node's row, whoever drafted the tree (a hybrid's other drafter too); the template's
-        acceptance statistics from TR's own trees only."""
-        self._write(draft.tokens, result.topk)
-        if draft.tree is self.tree:
+        """Every verified node's row, whoever drafted the tree (a hybrid's other drafter too), unless the
+        reference does not learn from this forward; the template's acceptance statistics from TR's own trees
+        only, and within the answer."""
+        if result.learn:
+            self._write(draft.tokens, result.topk)
+        if draft.tree is self.tree and not result.past_answer:
             self.node_accepts[result.path] += 1
 
     def _write(self, tokens: torch.Tensor, top: torch.Tensor) -> None:
@@ -232,7 +249,8 @@ class TokenRecycling(Proposer):
     def summary(self) -> dict:
         return {
             "k": self.k, "tree": self.tree_name, "tree_nodes": self.tree.size, "tree_depth": self.tree.max_depth,
-            "start": self.start, "first_step": self.first_step, "adjacency_shape": list(self.M.shape), "adjacency_dtype": str(self.M.dtype),
+            "start": self.start, "first_step": self.first_step, "reference": self.reference,
+            "adjacency_shape": list(self.M.shape), "adjacency_dtype": str(self.M.dtype),
             "adjacency_bytes": self.M.numel() * self.M.element_size(),
             "adjacency_rows_filled": int((self.M != 0).any(dim=1).sum()),
             "tree_parents": list(self.tree.parents),
