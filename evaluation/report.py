@@ -49,7 +49,7 @@ from evaluation.tables import (depth_markdown, depth_stats, drafter_markdown, dr
 from methods.common import RESULTS, exit_on_error, write_json_atomic, write_text_atomic
 
 INTERVALS = (f"In brackets: 95% intervals, paired bootstrap over questions ({RESAMPLES} resamples within each task, "
-             f"repeats pooled; evaluation.metrics)")
+             f"the same questions for method, baseline and every repeat; evaluation.metrics)")
 
 
 def report(paths: list[str], out: Path, baseline: str | None = None, figures: bool = True,
