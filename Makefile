@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup browser run test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,9 +18,12 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Chromium: tests/test_html.py opens the HTML report in it, headless. Installed from apt where it is missing.
 setup: $(STAMP)
 	$(PY) -m scripts.prepare
+
+# Chromium, for make test only: tests/test_html.py opens the HTML report in it, headless. Installed from apt where
+# it is missing.
+browser:
 	@if ! command -v chromium >/dev/null; then \
 		if ! command -v apt-get >/dev/null; then echo "note: no apt-get here: install chromium for tests/test_html.py"; \
 		else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq \
@@ -41,7 +44,7 @@ run: setup
 # nothing from a second thread, and two multi-threaded processes on two cores wait on each other. A module whose
 # tests share an expensive run marks itself xdist_group, and its tests go to one worker (loadgroup).
 XDIST := -n auto --dist loadgroup
-test: setup
+test: setup browser
 	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=15; rc=$$?; \
 		echo "make test: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 

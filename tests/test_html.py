@@ -80,7 +80,7 @@ class Page(HTMLParser):
 def test_report_page_in_chromium(tmp_path, monkeypatch):
     chromium = shutil.which("chromium")
     if chromium is None:
-        pytest.fail("chromium is not installed: make setup installs it (apt-get install chromium)")
+        pytest.fail("chromium is not installed: make test installs it (make browser: apt-get install chromium)")
     tok = _tokenizer(json.dumps(MODEL, sort_keys=True))
     runs = {"vanilla": [answer(tok, q, [1], True, 0, 2.0) for q in TEXTS],
             "tr": [answer(tok, q, [3, 1, 2, 4], False, 8, 1.0) for q in TEXTS],
