@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.answers import ANSWERS
 from evaluation.equal import compare, explain
 from evaluation.metrics import per_question
-from evaluation.report_runs import Group, Run, _tokenizer, bench_line, environment_line
+from evaluation.report_runs import Group, Run, bench_line, environment_line, run_tokenizer
 from evaluation.tables import _display, depth_markdown, drafter_markdown
 from methods.common import HarnessError, write_text_atomic
 
@@ -99,7 +98,7 @@ def _identity(groups: list[Group]) -> tuple[str, dict]:
     for g in groups:
         if g.is_baseline:
             continue
-        base, found = g.baseline[0], _tokenizer_of(g.baseline[0])
+        base, found = g.baseline[0], run_tokenizer(g.baseline[0].path)
         for run in g.runs:
             common = run.questions & base.questions
             ours, theirs = ([r for r in x.records if r["question_id"] in common] for x in (run, base))
@@ -164,21 +163,6 @@ def _per_question_tables(groups: list[Group]) -> str:
 
 # ---------------------------------------------------------------- answers token by token
 
-def _tokenizer_of(run: Run):
-    """(key, tokenizer) of the model in the ``config.yaml`` beside a run's answers.jsonl (as
-    ``report_runs.spec_bench_tokens_of`` finds it); None for a foreign file or a tokenizer that cannot be read here."""
-    from omegaconf import OmegaConf
-
-    config = run.path.parent / "config.yaml"
-    if run.path.name != ANSWERS or not config.is_file():
-        return None
-    model = json.dumps(OmegaConf.to_container(OmegaConf.load(config), resolve=True).get("model") or {}, sort_keys=True)
-    try:
-        return model, _tokenizer(model)
-    except (HarnessError, OSError, TypeError, ValueError):
-        return None
-
-
 def _pieces(tokenizer, ids: list[int]) -> list[str]:
     """Each token's text as it reads in the answer: its window of ``WINDOW`` tokens before it decoded with it, less
     that window decoded without it. A SentencePiece word so keeps its leading space, and a character split over
@@ -197,7 +181,7 @@ def _answers(groups: list[Group], diverged: dict) -> dict:
     or no tokenizer (a foreign file)."""
     texts, index, questions = [], {}, {}
     for g in groups:
-        run, found = g.runs[0], _tokenizer_of(g.runs[0])
+        run, found = g.runs[0], run_tokenizer(g.runs[0].path)
         for r in run.records:
             c, qid = r["choices"][0], r["question_id"]
             q = questions.setdefault(qid, {"id": qid, "category": r.get("category", ""), "answers": []})

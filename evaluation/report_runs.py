@@ -97,25 +97,33 @@ def load_run(file: Path, label: str | None = None) -> Run:
     return Run(file, records, {}, models[0], label or (file.parent.name if file.name == ANSWERS else file.stem))
 
 
-def spec_bench_tokens_of(file: str | Path, records: list[dict]) -> dict[int, int] | None:
-    """The new tokens Spec-Bench's ``evaluation/speed.py`` counts for ``records`` as a baseline
-    (``evaluation.metrics.spec_bench_tokens``), with the tokenizer of the model in the run's ``config.yaml``
-    beside the answer file (a run's ``answers.jsonl``, as ``read_summary`` takes its summary); None where there is
-    no such config or its tokenizer cannot be read here."""
+def run_tokenizer(file: str | Path) -> tuple[str, object] | None:
+    """(key, tokenizer) of the model in the run's ``config.yaml`` beside an answer file (a run's ``answers.jsonl``,
+    as ``read_summary`` takes its summary); None where there is no such config or its tokenizer cannot be read
+    here. The key names the model: answers of one key share a tokenizer."""
     from omegaconf import OmegaConf
 
     answers = answer_file(file)
     config = answers.parent / "config.yaml"
     if answers.name != ANSWERS or not config.is_file():
         return None
-    model = OmegaConf.to_container(OmegaConf.load(config), resolve=True).get("model") or {}
+    model = json.dumps(OmegaConf.to_container(OmegaConf.load(config), resolve=True).get("model") or {},
+                       sort_keys=True)
     try:
-        tokenizer = _tokenizer(json.dumps(model, sort_keys=True))
+        return model, _tokenizer(model)
     except (HarnessError, OSError, TypeError, ValueError):
+        return None
+
+
+def spec_bench_tokens_of(file: str | Path, records: list[dict]) -> dict[int, int] | None:
+    """The new tokens Spec-Bench's ``evaluation/speed.py`` counts for ``records`` as a baseline
+    (``evaluation.metrics.spec_bench_tokens``), with the run's tokenizer (``run_tokenizer``); None without one."""
+    found = run_tokenizer(file)
+    if found is None:
         return None
     from evaluation.metrics import spec_bench_tokens
 
-    return spec_bench_tokens(records, tokenizer)
+    return spec_bench_tokens(records, found[1])
 
 
 @functools.cache
