@@ -55,8 +55,8 @@ def sweep_table(root: Path, baseline: str | None, allow_unfinished: bool = False
     for side in sides if baseline else []:
         check([side] + base_side, ("sampling",), True, "give as report.baseline a vanilla run of its sampling settings")
     rows = []
-    for run in runs:
-        summary = _summary(run)
+    for run, side in zip(runs, sides):
+        summary = side.summary
         state = summary.get("method_state", {})
         overall = task_table(records[run], base).loc[OVERALL]
         row = {"run": str(run.relative_to(root)) or ".", "method": summary.get("method", "?")}
