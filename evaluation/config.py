@@ -141,6 +141,16 @@ def model_spec(cfg: DictConfig) -> ModelSpec:
     return ModelSpec(**raw)
 
 
+def batch_size(cfg: DictConfig) -> int:
+    """``runtime.batch_size``, checked (absent: 1)."""
+    runtime = cfg.get("runtime") or {}
+    value = runtime.get("batch_size", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HarnessError(f"runtime.batch_size must be an integer of at least 1 (the turns decoded at once), got "
+                           f"{value!r}; runtime.batch_size=1 decodes one at a time")
+    return value
+
+
 def sampling_settings(cfg: DictConfig):
     """The run's ``sampling.*`` (absent: greedy), checked: a ``methods.sampling.Sampling``."""
     from methods.sampling import Sampling

@@ -3,8 +3,8 @@ finished and made under the same settings, or the command refuses in one line na
 
 A speedup, a MAT beside another or a token-by-token comparison means something only when both sides asked the
 model the same questions under the same settings; a difference there is a settings difference, not a result.
-The settings (``SETTINGS``): the model (name and checkpoint), the questions answered, ``bench.max_new_tokens`` and
-the sampling settings. An unfinished run (its summary's status is not ``finished``) is refused unless the command's
+The settings (``SETTINGS``): the model (name and checkpoint), the questions answered, ``bench.max_new_tokens``, the
+sampling settings and ``runtime.batch_size`` (a speedup under load is against vanilla at the same batch size). An unfinished run (its summary's status is not ``finished``) is refused unless the command's
 ``--allow-unfinished`` is given (a summary whose status is ``running`` or ``interrupted``); then the runs are compared on the questions all of them answered, and the command
 says so (``Check.note``) beside its table. Spec-Bench's own answer files record no settings: only their questions
 are checked.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from methods.common import HarnessError
 
-SETTINGS = ("model", "questions", "max_new_tokens", "sampling")
+SETTINGS = ("model", "questions", "max_new_tokens", "sampling", "batch_size")
 ALLOW = "--allow-unfinished"
 
 
@@ -50,6 +50,8 @@ class Side:
             return f"{m.get('name')} ({m.get('checkpoint')})"
         if key == "max_new_tokens":
             return config.get("bench", {}).get("max_new_tokens")
+        if key == "batch_size":
+            return (config.get("runtime") or {}).get("batch_size", 1)
         from evaluation.report_runs import sampling_label
 
         return sampling_label(config.get("sampling")) or "greedy"

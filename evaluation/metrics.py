@@ -58,6 +58,15 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   processes used meanwhile (time-weighted mean); ``step_spread`` = the slowest turn's
   time per decoding step over the median turn's (turns of at least 4 steps after the
   prefill), a signal that old runs and foreign files carry too.
+* **under load** (``batch_stats``; batched runs, ``runtime.batch_size``, and every run that records its ``clock``):
+  ``throughput`` = all new tokens / the seconds the run spent decoding (per process part of the run, ``clock.segment``:
+  its last turn's end less its first turn's start, summed over the parts, so a resumed run adds its parts up);
+  ``ttft`` = seconds from a turn's start (its prefill) to its first new token, and ``tpot`` = the turn's seconds after
+  that per further token, each as mean, p50 and p90 over turns; ``forward_tokens`` = the token positions one
+  verifying forward computed (the batch's rows times its widest draft), averaged over forwards; ``padding`` = the
+  share of those that were padding (rows' drafts narrower than the widest, slots with no request). A step of a
+  forward that verified r rows counts 1/r of it, so that every forward counts once. The speedup under load is the
+  method's throughput over vanilla's at the same batch size.
 * **per-drafter** numbers (hybrids, ``step_info``): a drafter's share of the steps
   that drafted, and the MAT of its steps (mean accept length over them).
 """
@@ -241,6 +250,46 @@ def load_stats(records: list[dict]) -> dict:
     recorded = recorded and wall > 0
     return {"wait_share": wait / wall if recorded else None, "others": others / wall if recorded else None,
             "step_spread": max(per_step) / float(np.median(per_step)) if len(per_step) > 1 else None}
+
+
+def batch_stats(records: list[dict]) -> dict:
+    """``throughput``, ``ttft_*`` and ``tpot_*`` (mean, p50, p90), ``forward_tokens`` and ``padding`` of one run's
+    records (the module's "under load"), and its ``batch_size``; None for what the records do not hold (a run
+    without ``clock``: Spec-Bench's files, runs from before it was recorded)."""
+    spans: dict[str, list[float]] = {}
+    tokens, ttft, tpot = 0, [], []
+    forwards = slots = real = 0.0
+    size = None
+    for r in records:
+        c = r["choices"][0]
+        clock = r.get("clock")
+        if clock:
+            size = clock.get("batch_size", size)
+            part = spans.setdefault(clock["segment"], [math.inf, -math.inf])
+            for start, end in clock["turns"]:
+                part[0], part[1] = min(part[0], start), max(part[1], end)
+        tokens += sum(c["new_tokens"])
+        for first, wall, n in zip(c.get("first_token_time", []), c["wall_time"], c["new_tokens"]):
+            if first is not None:
+                ttft.append(first)
+                if n > 1:
+                    tpot.append((wall - first) / (n - 1))
+        rows = c.get("batch_rows") or [int(n > 0) for n in c.get("draft_nodes", [])]
+        for rows_, nodes, width in zip(rows, c.get("draft_nodes", []), c.get("forward_slots") or c.get("draft_nodes", [])):
+            if rows_:  # the prefill forwards alone, outside the batch
+                forwards += 1 / rows_
+                slots += width / rows_
+                real += nodes
+    seconds = sum(end - start for start, end in spans.values())
+    out = {"batch_size": size, "throughput": tokens / seconds if spans and seconds > 0 else None,
+           "forward_tokens": slots / forwards if forwards else None,
+           "padding": 1 - real / slots if slots else None}
+    for name, values in (("ttft", ttft), ("tpot", tpot)):
+        v = np.array(values)
+        out.update({f"{name}_mean": float(v.mean()) if len(v) else None,
+                    f"{name}_p50": float(np.percentile(v, 50)) if len(v) else None,
+                    f"{name}_p90": float(np.percentile(v, 90)) if len(v) else None})
+    return out
 
 
 def accept_histogram(records: list[dict]) -> pd.Series:

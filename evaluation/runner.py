@@ -4,7 +4,9 @@
 question, Spec-Bench's format plus token ids and timings), ``config.yaml`` and ``summary.json``. Running it again
 resumes: finished questions are skipped, and every setting but ``RESULT_NEUTRAL`` must be as before. A run holds
 its folder for itself (``.lock``), and Ctrl-C keeps every finished answer (exit 130, summary ``interrupted``).
-``Runner`` answers one question at a time (the side-by-side benchmarks hold several).
+``Runner`` answers questions one at a time, or ``runtime.batch_size`` turns at once (``methods.decode.decode_batch``:
+a slot whose turn has finished takes the same question's next turn, else the next question), each question written
+as soon as its last turn has finished; the side-by-side benchmarks hold several runners.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -23,14 +26,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, folder_lock
-from evaluation.config import ModelSpec, config_mismatch, int_setting, method_params, model_spec, sampling_settings
+from evaluation.config import (ModelSpec, batch_size, config_mismatch, int_setting, method_params, model_spec,
+                               sampling_settings)
 from evaluation.data import Question, load_bench, shard
 from evaluation.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
 from evaluation.prompts import check_template, describe, prompt_ids
 from methods import machine
 from methods.base import Preparation, build_proposer, check_method
 from methods.common import CACHE, ROOT, HarnessError, atomic, load_torch_safe, save_torch_atomic, write_json_atomic
-from methods.decode import Generation, generate
+from methods.decode import Generation, Request, decode_batch
 from methods.engine import build_engine
 from methods.sampling import Sampler, Sampling
 
@@ -134,6 +138,7 @@ class Runner:
         ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
         self.spec = spec or model_spec(cfg)
         self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
+        self.batch_size = batch_size(cfg)
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
         check_method(self.method, params)  # what the settings alone refuse, before the weights load
@@ -148,6 +153,10 @@ class Runner:
         self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
                                           prompts=self.own_prompts, cache=CACHE))
         self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
+        # one proposer per slot (Proposer.fork: what the batch shares, what each slot keeps for itself)
+        self.proposers = [self.proposer] + [self.proposer.fork() for _ in range(self.batch_size - 1)]
+        self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.metrics)
+        self.clock0 = time.perf_counter()
 
     def own_prompts(self, n: int) -> list[list[int]]:
         """The first ``n`` of the project's own prompts (never the benchmark's) in this model's template."""
@@ -156,10 +165,16 @@ class Runner:
         return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
 
     def decode(self, ids: list[int], max_new_tokens: int, turn: int, question: int = 0) -> Generation:
-        """One turn; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
+        """One turn, alone; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
+        out = []
+        decode_batch(self.engine, [self.proposer], lambda slot, done: out.append(done[1]) if done else
+                     None if out else self._request(ids, max_new_tokens, turn, question), stop_ids=self.stop_ids,
+                     timer=self.timer)
+        return out[0]
+
+    def _request(self, ids: list[int], max_new_tokens: int, turn: int, question: int, tag=None) -> Request:
         sampler = None if self.sampling.greedy else Sampler(self.sampling, question, turn)
-        return generate(self.engine, self.proposer, ids, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
-                        turn=turn, timer=self.timer, sampler=sampler)
+        return Request(ids, max_new_tokens, turn, sampler, tag)
 
     def _folded(self, gen: Generation) -> int:
         """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.metrics``): its drafting
@@ -176,6 +191,9 @@ class Runner:
             out["draft_depths"] = [d for g in turns for d in g.draft_depths]
         if any(g.step_info for g in turns):
             out["step_info"] = [i for g in turns for i in (g.step_info or [None] * len(g.accept_lengths))]
+        if any(g.batch_rows for g in turns):  # batched: per step, the rows and token positions of its forward
+            out["batch_rows"] = [r for g in turns for r in (g.batch_rows or [1] * len(g.accept_lengths))]
+            out["forward_slots"] = [s for g in turns for s in (g.forward_slots or g.draft_nodes)]
         if any(g.extra_forwards for g in turns):  # method.reference=true: forwards past the answer, counted apart
             out["extra_forwards"] = [g.extra_forwards or [] for g in turns]
             out["extra_time"] = [g.extra_time for g in turns]
@@ -191,22 +209,55 @@ class Runner:
                 "load_avg": [round(x.load_avg, 2) for x in loads]}
 
     def answer(self, q: Question) -> dict:
+        """Question ``q``'s record, its turns decoded one after another, alone."""
+        out = []
+        self.answer_all([q], out.append, batch=1)
+        return out[0]
+
+    def answer_all(self, questions: list[Question], done: Callable[[dict], None], batch: int | None = None) -> None:
+        """Answer ``questions`` in ``batch`` slots (default ``runtime.batch_size``), calling ``done(record)`` as each
+        question's last turn finishes (in question order with one slot). A slot whose turn has finished takes the same
+        question's next turn (its prompt holds the answers before it), else the next question's first."""
         self.engine.use_threads()  # its own thread count, whatever another runner in this process set
-        answers, turns, loads = [], [], []
-        for i in range(len(q.turns)):
-            ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), answers)
+        pending = iter(questions)
+        slots = self.proposers[: batch or self.batch_size]
+        state: dict[int, dict] = {}  # per slot: the question, its answers, generations and loads so far
+
+        def turn_request(slot: int) -> Request:
+            st = state[slot]
+            q, i = st["q"], len(st["turns"])
+            ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), st["answers"])
             room = self.context - len(ids)
             if room < 1:
                 raise HarnessError(
                     f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
-            with machine.Load() as load:  # how busy the machine was while this turn was timed
-                gen = self.decode(ids, min(self.max_new_tokens, room), turn=i, question=q.question_id)
-            loads.append(load)
-            text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
-            answers.append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
-            turns.append(gen)
+            st["load"] = machine.Load().__enter__()  # how busy the machine was while this turn was timed
+            return self._request(ids, min(self.max_new_tokens, room), i, q.question_id)
+
+        def feed(slot: int, finished) -> Request | None:
+            if finished is not None:
+                st, gen = state[slot], finished[1]
+                st["load"].__exit__(None, None, None)
+                st["loads"].append(st["load"])
+                text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
+                st["answers"].append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
+                st["turns"].append(gen)
+                if len(st["turns"]) < len(st["q"].turns):
+                    return turn_request(slot)
+                done(self._record(st["q"], st["answers"], st["turns"], st["loads"], len(slots)))
+            q = next(pending, None)
+            if q is None:
+                return None
+            state[slot] = {"q": q, "answers": [], "turns": [], "loads": []}
+            return turn_request(slot)
+
+        decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer)
+
+    def _record(self, q: Question, answers: list[str], turns: list[Generation], loads: list[machine.Load],
+                batch: int) -> dict:
+        clock = [[round(g.clock[0] - self.clock0, 6), round(g.clock[1] - self.clock0, 6)] for g in turns]
         return {
             "question_id": q.question_id,
             "category": q.category,
@@ -223,12 +274,15 @@ class Runner:
                 "token_ids": [g.token_ids for g in turns],
                 "prefill_time": [g.prefill_time for g in turns],
                 "decode_time": [g.decode_time for g in turns],
+                "first_token_time": [g.first_token_time for g in turns],
                 "stop": [g.stop for g in turns],
                 "prefill_step": [g.prefill_step for g in turns],
                 "spec_bench_steps": [len(g.accept_lengths) - self._folded(g) for g in turns],
                 **self._per_step(turns),
                 **self._load(loads),
             }],
+            # when each turn started and ended (s) in this process's part of the run, and the batch it decoded in
+            "clock": {"segment": self.segment, "turns": clock, "batch_size": batch},
             "tstamp": time.time(),
             # Spec-Bench names the temperature in its model ids (-temp-0.7); ours say it here (sampled runs only)
             **({"sampling": asdict(self.sampling)} if not self.sampling.greedy else {}),
@@ -252,6 +306,9 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     if note := sample_note(b, selection):
         print(note)
     questions = shard(selection, cfg.runtime.shard, cfg.runtime.num_shards)
+    if (size := batch_size(cfg)) > len(questions):
+        raise HarnessError(f"runtime.batch_size={size} but the run has {len(questions)} question(s), so the batch "
+                           f"could never be full; give a batch size of at most {len(questions)} or more questions")
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config_file = out / "config.yaml"
     if config_file.exists():
@@ -344,17 +401,21 @@ def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter
 
     from tqdm import tqdm
 
-    tokens = seconds = steps = 0
-    with tqdm(todo, desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
+    tokens = steps = 0
+    with tqdm(total=len(todo), desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
               file=sys.stdout, dynamic_ncols=True) as bar:
-        for q in bar:
-            rec = runner.answer(q)
+        def done(rec: dict) -> None:
+            nonlocal tokens, steps
             state = runner.proposer.state_dict()
             if state:  # saved before the answer: a resumed run continues from the state after its last answer
                 save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "state": state})
             writer.append(rec)
             c = rec["choices"][0]
             tokens += sum(c["new_tokens"])
-            seconds += sum(c["wall_time"])
             steps += len(c["accept_lengths"])
-            bar.set_postfix(q=q.question_id, tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
+            bar.update()
+            seconds = max(end for _, end in rec["clock"]["turns"])  # since the decoding started
+            bar.set_postfix(q=rec["question_id"], tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
+
+        runner.clock0 = time.perf_counter()
+        runner.answer_all(todo, done)

@@ -194,6 +194,15 @@ class Proposer:
     def update(self, draft: Draft, result: Verification) -> None:
         pass
 
+    def fork(self) -> "Proposer":
+        """A proposer for another slot of a batch (``methods.decode.decode_batch``): it shares what is read-only or
+        meant to be shared by the batch (weights, a corpus, Token Recycling's hot-start matrix, statistics) and has
+        its own per-request state. The default, a shallow copy, serves a proposer whose per-request state is
+        all set anew in ``reset``; one that keeps a scratch cache or per-request state in place says so here."""
+        import copy
+
+        return copy.copy(self)
+
     def step_sizes(self) -> list[int] | None:
         """Every size (tree nodes, root included) this proposer's drafts can have, so that a compiled engine
         compiles them all before anything is timed; None: not known in advance."""

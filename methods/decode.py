@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ import torch
 from methods.base import Proposer
 from methods.engine import Engine, HFEngine
 from methods.engine.ops import sync
-from methods.verify import verify
+from methods.verify import Check, verify_rows
 
 
 DRAFT_ROOM = 256  # cache slots past the budget for a step's drafts (an engine grows its cache for more)
@@ -58,6 +59,11 @@ class Generation:
     step_info: list[dict | None] | None = None  # per step: the proposer's Draft.info (None where it gave none)
     extra_forwards: list[int] | None = None  # per forward past the answer (Proposer.ending): the tokens it produced
     extra_time: float = 0.0  # seconds of the forwards past the answer, after decode_time
+    first_token_time: float | None = None  # seconds from the start (the prefill's) to the first new token
+    clock: tuple[float, float] | None = None  # time.perf_counter() at the start and at the answer's end
+    batch_rows: list[int] | None = None  # per step, batched runs only: the rows its forward verified (prefill: 0)
+    forward_slots: list[int] | None = None  # per step, batched runs only: the token positions that forward computed,
+    #                                         padding included (rows x the widest row's nodes; prefill: 0)
 
     @property
     def wall_time(self) -> float:
@@ -83,102 +89,198 @@ class PhaseTimer:
         self.seconds[phase] += time.perf_counter() - t
 
 
+@dataclass
+class Request:
+    """One turn to decode: what ``generate`` takes, as a batch's slot takes it (``decode_batch``)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    turn: int = 0  # counts from 0 within a question (Proposer.reset)
+    sampler: object = None  # a methods.sampling.Sampler of the request's question and turn, or None: greedy
+    tag: object = None  # the caller's, handed back with the Generation
+
+
+class _Row:
+    """One request in a batch's slot: its tokens and counts, and the steps of ``generate``'s loop."""
+
+    def __init__(self, slot: int, request: Request, proposer: Proposer, engine: Engine, stop_ids: set[int], timer):
+        self.slot, self.request, self.proposer, self.engine = slot, request, proposer, engine
+        self.stop_ids, self.timer, self.max_new = stop_ids, timer, request.max_new_tokens
+        sampler = request.sampler
+        self.sampler = None if sampler is not None and sampler.settings.greedy else sampler  # temperature 0: greedy
+        self.n_prompt = len(request.prompt_ids)
+        self.ids = torch.empty(self.n_prompt + self.max_new, dtype=torch.long, device=engine.device)
+        self.ids[:self.n_prompt] = torch.tensor(request.prompt_ids)
+        self.new: list[int] = []
+        self.tail: list[int] = []  # forwarded tokens past the answer: the last step's beyond its end, then the extra forwards'
+        self.accept_lengths: list[int] = []
+        self.nodes: list[int] = []
+        self.depths: list[int] = []
+        self.info: list[dict | None] = []
+        self.rows: list[int] = []  # per step: the rows its forward verified (a batch)
+        self.slots: list[int] = []  # per step: the token positions its forward computed, padding included
+        self.extra: list[int] = []
+        self.ending = proposer.ending
+        self.produced = 0  # tokens forwarded so far, tail included (the reference's count, for ``ending``)
+        self.answered = False  # the answer is complete
+        self.stopped = self.ending is None  # whether the proposer's reference has stopped
+        self.first_token = None  # seconds from the start to the first new token
+
+    @property
+    def finished(self) -> bool:
+        return self.answered and self.stopped
+
+    def commit(self, tokens: list[int]) -> bool:
+        """Append a step's tokens, cut at the first stop token or the budget; True when generation ends."""
+        new = self.new
+        kept = tokens[: self.max_new - len(new)]
+        stop = next((i for i, t in enumerate(kept) if t in self.stop_ids), None)
+        if stop is not None:
+            kept = kept[: stop + 1]
+        self.ids[self.n_prompt + len(new): self.n_prompt + len(new) + len(kept)] = torch.tensor(kept)
+        new.extend(kept)
+        self.tail.extend(tokens[len(kept):])
+        self.accept_lengths.append(len(kept))
+        if self.first_token is None and new:
+            self.first_token = time.perf_counter() - self.t0
+        return stop is not None or len(new) >= self.max_new
+
+    def prefill(self) -> None:
+        """The prompt goes into the row's cache; its last position's argmax is the first new token.
+        (drafts_first: the prompt but its last token, which roots the first draft.)"""
+        engine, proposer, ids = self.engine, self.proposer, self.ids
+        engine.open(self.slot, self.n_prompt + self.max_new + DRAFT_ROOM)
+        sync(engine.device)
+        self.t0 = time.perf_counter()
+        full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
+        self.first_step = proposer.drafts_first and self.n_prompt > 1
+        prefill = self.n_prompt - 1 if self.first_step else self.n_prompt
+        logits, states = engine.forward(ids[:prefill], row=self.slot, last_only=not full, hidden=hidden)
+        if proposer.wants_sampler:
+            proposer.sampler = self.sampler
+        proposer.reset(ids[:prefill], self.request.turn, logits if full else None, states)
+        if not self.first_step:
+            self.nodes.append(0), self.depths.append(0), self.info.append(None)
+            self.rows.append(0), self.slots.append(0)
+            sampler = self.sampler
+            first = logits[-1].argmax() if sampler is None else sampler.draw(logits[-1:], ZERO.to(engine.device), 0, 0)[0]
+            first = int(first)
+            if self.ending is not None:  # the prefill commits the prompt, so only its bonus can stop the reference
+                self.produced = 1
+                self.stopped = self.ending.ends([], first, self.produced, self.max_new, self.stop_ids)[0]
+            self.answered = self.commit([first])
+        sync(engine.device)
+        self.t1 = time.perf_counter()
+        if self.answered:
+            self.t2 = self.t1
+
+    def propose(self) -> Check:
+        """2. A draft tree rooted at the newest token (not yet in the cache); past the answer (``ending``), rooted at
+        the tail's."""
+        context = self.ids[: self.n_prompt + len(self.new)]
+        if self.answered:
+            context = torch.cat([context, torch.tensor(self.tail, dtype=torch.long, device=self.engine.device)])
+        with self.timer("propose"):
+            draft = self.proposer.propose(context)
+        return Check(draft, self.slot, self.sampler, len(self.new) + len(self.tail))
+
+    def settle(self, draft, result, rows: int, slots: int) -> None:
+        """4. Let the proposer learn from every node's logits, 5. commit the accepted drafts and the bonus token
+        (past the answer: keep them apart). ``rows``, ``slots``: the forward's rows and token positions."""
+        ending = self.ending
+        if ending is not None:  # the root counts where it was generated (a prompt's last token ends nothing)
+            committed = (self.tail or self.new)[-1:] + result.new_tokens[:-1]
+            self.produced += len(result.new_tokens)
+            self.stopped, result.learn = ending.ends(committed, result.new_tokens[-1], self.produced, self.max_new,
+                                                     self.stop_ids)
+            result.past_answer = self.answered
+        with self.timer("update"):
+            self.proposer.update(draft, result)
+        if self.answered:
+            self.tail.extend(result.new_tokens)
+            self.extra.append(len(result.new_tokens))
+            return
+        self.answered = self.commit(result.new_tokens)
+        self.nodes.append(draft.tree.size), self.depths.append(draft.acceptable_depth), self.info.append(draft.info)
+        self.rows.append(rows), self.slots.append(slots)
+        if self.answered:
+            sync(self.engine.device)
+            self.t2 = time.perf_counter()
+
+    def generation(self) -> Generation:
+        sync(self.engine.device)
+        t3 = time.perf_counter()
+        batched = any(r > 1 for r in self.rows)
+        return Generation(self.new, self.accept_lengths, self.t1 - self.t0, self.t2 - self.t1,
+                          "eos" if self.new[-1] in self.stop_ids else "length",
+                          prefill_step=not self.first_step, draft_nodes=self.nodes, draft_depths=self.depths,
+                          step_info=self.info if any(i is not None for i in self.info) else None,
+                          extra_forwards=self.extra if self.ending is not None else None, extra_time=t3 - self.t2,
+                          first_token_time=self.first_token, clock=(self.t0, self.t2),
+                          batch_rows=self.rows if batched else None, forward_slots=self.slots if batched else None)
+
+
+Feed = Callable[[int, "tuple[Request, Generation] | None"], "Request | None"]
+
+
 @torch.inference_mode()
+def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_ids: set[int],
+                 timer=nullcontext) -> None:
+    """Decode requests in ``len(proposers)`` slots at once (continuous batching), token for token what vanilla
+    decoding gives each of them alone.
+
+    ``feed(slot, done)`` hands the slot its next request (None: nothing more for it): first with ``done`` None, then
+    whenever the slot's request has finished, with ``done`` = (that request, its Generation), so that the caller
+    keeps the result and may give the slot the same question's next turn. Slot i drafts with ``proposers[i]``
+    (``Proposer.fork``). Every step, each busy slot proposes, in slot order; one forward verifies every slot's draft
+    (``methods.verify.verify_rows``: rows padded to the widest, each masked to its own prefix and tree); then each
+    slot learns and commits, in slot order, so that state the proposers share (Token Recycling's hot matrix) is
+    updated in an order that does not depend on timing. A finished slot's next request is prefilled alone (one
+    row's forward) before the next step. With one slot this is ``generate``'s loop exactly.
+    """
+    rows: list[_Row | None] = [None] * len(proposers)
+
+    def fill(slot: int, done) -> None:
+        while (request := feed(slot, done)) is not None:
+            row = _Row(slot, request, proposers[slot], engine, stop_ids, timer)
+            row.prefill()
+            if not row.finished:
+                rows[slot] = row
+                return
+            done = (request, row.generation())
+        rows[slot] = None
+
+    engine.start(0, rows=len(proposers))
+    for slot in range(len(proposers)):
+        fill(slot, None)
+    while busy := [row for row in rows if row is not None]:
+        checks = [row.propose() for row in busy]
+        first = busy[0].proposer  # one method: one top-k and hidden request for all
+        results = verify_rows(engine, checks, timer, first.topk, first.wants_hidden)
+        for row, check, result in zip(busy, checks, results):
+            row.settle(check.draft, result, len(busy), engine.last_slots)
+        for row in busy:
+            if row.finished:
+                fill(row.slot, (row.request, row.generation()))
+
+
 def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_tokens: int, stop_ids: set[int],
              turn: int = 0, timer=nullcontext, sampler=None) -> Generation:
     """Decoding of ``prompt_ids`` with ``proposer``'s drafts, token for token what vanilla decoding gives:
     greedy, or with ``sampler`` (a ``methods.sampling.Sampler`` of the request's question and turn) its
-    position-keyed draws.
+    position-keyed draws: ``decode_batch`` with one slot.
 
     ``target`` is an ``Engine`` (``methods.engine``), or a Hugging Face model, run by the reference
     engine ``hf``. ``timer(phase)`` is a context manager around each phase; profiling passes a ``PhaseTimer``.
     """
     engine = target if isinstance(target, Engine) else HFEngine(target)
-    if sampler is not None and sampler.settings.greedy:  # temperature 0 is greedy decoding itself
-        sampler = None
-    device = engine.device
-    n_prompt = len(prompt_ids)
-    ids = torch.empty(n_prompt + max_new_tokens, dtype=torch.long, device=device)
-    ids[:n_prompt] = torch.tensor(prompt_ids)
-    engine.start(n_prompt + max_new_tokens + DRAFT_ROOM)
-    new: list[int] = []
-    tail: list[int] = []  # forwarded tokens past the answer: the last step's beyond its end, then the extra forwards'
-    accept_lengths: list[int] = []
-    nodes: list[int] = []
-    depths: list[int] = []
-    info: list[dict | None] = []
-    ending = proposer.ending
-    produced = 0  # tokens forwarded so far, tail included (the reference's count, for ``ending``)
+    out: list[Generation] = []
 
-    def commit(tokens: list[int]) -> bool:
-        """Append a step's tokens, cut at the first stop token or the budget; True when generation ends."""
-        kept = tokens[: max_new_tokens - len(new)]
-        stop = next((i for i, t in enumerate(kept) if t in stop_ids), None)
-        if stop is not None:
-            kept = kept[: stop + 1]
-        ids[n_prompt + len(new): n_prompt + len(new) + len(kept)] = torch.tensor(kept)
-        new.extend(kept)
-        tail.extend(tokens[len(kept):])
-        accept_lengths.append(len(kept))
-        return stop is not None or len(new) >= max_new_tokens
+    def feed(slot, done):
+        if done is not None:
+            out.append(done[1])
+            return None
+        return Request(prompt_ids, max_new_tokens, turn, sampler)
 
-    def forward(context: torch.Tensor, past_answer: bool):
-        """Propose from ``context``, verify in one forward, let the proposer learn; (draft, result, whether the
-        proposer's reference stops after it)."""
-        nonlocal produced
-        with timer("propose"):
-            draft = proposer.propose(context)
-        result = verify(engine, draft, timer, proposer.topk, hidden, sampler, len(new) + len(tail))
-        stops = ending is None  # no ending: ours is the only end
-        if ending is not None:  # the root counts where it was generated (a prompt's last token ends nothing)
-            committed = (tail or new)[-1:] + result.new_tokens[:-1]
-            produced += len(result.new_tokens)
-            stops, result.learn = ending.ends(committed, result.new_tokens[-1], produced, max_new_tokens, stop_ids)
-            result.past_answer = past_answer
-        with timer("update"):
-            proposer.update(draft, result)
-        return draft, result, stops
-
-    sync(device)
-    t0 = time.perf_counter()
-    # 1. Prefill: the prompt goes into the cache; its last position's argmax is the first new token.
-    #    (drafts_first: the prompt but its last token, which roots the first draft.)
-    full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
-    first_step = proposer.drafts_first and n_prompt > 1
-    prefill = n_prompt - 1 if first_step else n_prompt
-    logits, states = engine.forward(ids[:prefill], last_only=not full, hidden=hidden)
-    if proposer.wants_sampler:
-        proposer.sampler = sampler
-    proposer.reset(ids[:prefill], turn, logits if full else None, states)
-    stopped = ending is None  # whether the proposer's reference has stopped
-    if not first_step:
-        nodes.append(0), depths.append(0), info.append(None)
-        first = logits[-1].argmax() if sampler is None else sampler.draw(logits[-1:], ZERO.to(device), 0, 0)[0]
-        first = int(first)
-        if ending is not None:  # the prefill commits the prompt, so only its bonus can stop the reference
-            produced = 1
-            stopped = ending.ends([], first, produced, max_new_tokens, stop_ids)[0]
-    done = False if first_step else commit([first])
-    sync(device)
-    t1 = time.perf_counter()
-    while not done:
-        # 2. Propose a draft tree rooted at the newest token (not yet in the cache), 3. verify it in one forward
-        #    (the cache keeps the accepted path only), 4. let the proposer learn from every node's logits.
-        draft, result, stopped = forward(ids[: n_prompt + len(new)], False)
-        # 5. Commit accepted drafts and the bonus token.
-        done = commit(result.new_tokens)
-        nodes.append(draft.tree.size), depths.append(draft.acceptable_depth), info.append(draft.info)
-    sync(device)
-    t2 = time.perf_counter()
-    extra: list[int] = []
-    while not stopped:  # past the answer, as the proposer's reference goes on (``ending``)
-        context = torch.cat([ids[: n_prompt + len(new)], torch.tensor(tail, dtype=torch.long, device=device)])
-        _, result, stopped = forward(context, True)
-        tail.extend(result.new_tokens)
-        extra.append(len(result.new_tokens))
-    sync(device)
-    t3 = time.perf_counter()
-    return Generation(new, accept_lengths, t1 - t0, t2 - t1, "eos" if new[-1] in stop_ids else "length",
-                      prefill_step=not first_step, draft_nodes=nodes, draft_depths=depths,
-                      step_info=info if any(i is not None for i in info) else None,
-                      extra_forwards=extra if ending is not None else None, extra_time=t3 - t2)
+    decode_batch(engine, [proposer], feed, stop_ids=stop_ids, timer=timer)
+    return out[0]

@@ -9,6 +9,7 @@ its argmax (greedy), or at temperature > 0 its position-keyed draw
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -62,6 +63,16 @@ def accept(tokens: torch.Tensor, argmax: torch.Tensor, tree: Tree,
     return torch.where(ok, tree.depth, -1).argmax()
 
 
+@dataclass
+class Check:
+    """One row's draft to verify in a batched forward (``verify_rows``)."""
+
+    draft: Draft
+    row: int = 0  # the engine's row (a batch's slot)
+    sampler: object = None  # a methods.sampling.Sampler, or None: greedy
+    position: int = 0  # the root's next token is new token number ``position`` of the row's turn
+
+
 @torch.inference_mode()
 def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool | tuple[int, ...] = False,
            sampler=None, position: int = 0) -> Verification:
@@ -73,9 +84,26 @@ def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool 
     those layers (``Proposer.wants_hidden``). ``sampler`` (a ``methods.sampling.Sampler``; None: greedy) draws each
     node's next token, the root's being new token number ``position`` of the turn.
     """
-    tree, past = draft.tree, engine.length
+    return verify_rows(engine, [Check(draft, 0, sampler, position)], timer, topk, hidden)[0]
+
+
+@torch.inference_mode()
+def verify_rows(engine, checks: list[Check], timer=nullcontext, topk: int = 0,
+                hidden: bool | tuple[int, ...] = False) -> list[Verification]:
+    """``verify`` of several rows' drafts (a batch) in one forward (``Engine.forward_rows``), each row then accepted
+    and committed on its own, in the order given."""
+    pasts = [engine.length_of(c.row) for c in checks]
     with timer("forward"):
-        logits, states = engine.forward(draft.tokens, tree, hidden=hidden)  # [n, vocab], [n, hidden]
+        outs = engine.forward_rows([c.row for c in checks], [c.draft.tokens for c in checks],
+                                   [c.draft.tree for c in checks], hidden=hidden)  # per row: [n, vocab], [n, hidden]
+    return [_settle(engine, c, past, logits, states, timer, topk, hidden)
+            for c, past, (logits, states) in zip(checks, pasts, outs)]
+
+
+def _settle(engine, check: Check, past: int, logits, states, timer, topk, hidden) -> Verification:
+    """Accept the longest path of one row's draft the target agrees with, and commit it."""
+    draft, sampler, position = check.draft, check.sampler, check.position
+    tree = draft.tree
     with timer("accept"):
         if sampler is not None and draft.q is not None:  # drafts sampled from the drafter's q: the rejection rule
             tokens = draft.tokens.tolist()
@@ -93,6 +121,6 @@ def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool 
             best, bonus, tokens = host[0], host[1], host[2:]
             path = tree.path_to(best)
     with timer("commit"):
-        engine.commit(past, path)
+        engine.commit(past, path, row=check.row)
     states = states[path] if hidden else None  # [len(path), hidden]
     return Verification(path, [tokens[i] for i in path[1:]] + [bonus], logits, argmax, top, states)

@@ -26,6 +26,7 @@ class Engine:
         self.dtype = next(model.parameters()).dtype
         self.threads: int | None = None  # engine.threads as applied; None: torch's count as found
         self.thread_choice: dict | None = None  # engine.threads=auto: how it was chosen (choose_threads)
+        self.last_slots = 0  # token positions the last forward_rows computed, padding included
 
     def set_threads(self, threads: int | str | None) -> None:
         """engine.threads: ``N`` threads, or ``auto``: on the CPU, ``OMP_NUM_THREADS`` where the environment sets
@@ -51,15 +52,24 @@ class Engine:
         if self.threads is not None and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
 
-    def start(self, capacity: int) -> None:
+    def start(self, capacity: int, rows: int = 1) -> None:
+        """New, empty sequences in ``rows`` rows (a batch's slots), room for ``capacity`` tokens each."""
+        raise NotImplementedError
+
+    def open(self, row: int, capacity: int) -> None:
+        """A new, empty sequence in ``row`` (the next request in a batch's slot), room for ``capacity`` tokens."""
         raise NotImplementedError
 
     @property
     def length(self) -> int:
-        """Committed entries in the cache."""
+        """Committed entries in the cache (row 0's)."""
+        return self.length_of(0)
+
+    def length_of(self, row: int) -> int:
+        """Committed entries in ``row``'s cache."""
         raise NotImplementedError
 
-    def forward(self, tokens: torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
+    def forward(self, tokens: torch.Tensor, tree: Tree | None = None, *, row: int = 0, last_only: bool = False,
                 hidden: bool | tuple[int, ...] = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [n, vocab] (``last_only``: [1, vocab]) of ``tokens`` [n] placed after the committed
         prefix, and with ``hidden`` the last hidden states [n, hidden] (what the lm_head reads); with ``hidden``
@@ -67,13 +77,24 @@ class Engine:
         (transformers' ``hidden_states[i]``: EAGLE-3's features).
 
         ``tree=None`` or a chain: causal attention. A tree: node i at position ``length + depth[i]``,
-        seeing the prefix and its ancestors. The n entries are appended (``length`` grows by n);
+        seeing the prefix and its ancestors. The n entries are appended to ``row``'s cache (its length grows by n);
         ``commit`` then keeps the accepted ones.
         """
         raise NotImplementedError
 
-    def commit(self, start: int, path: list[int]) -> None:
-        """Keep, of the entries appended from slot ``start`` on, the nodes ``path`` (increasing) only."""
+    def forward_rows(self, rows: list[int], tokens: list[torch.Tensor], trees: list[Tree | None], *,
+                     hidden: bool | tuple[int, ...] = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``forward`` of several rows' steps in one forward of the model (a batch): row ``rows[i]`` runs
+        ``tokens[i]`` with ``trees[i]``, seeing its own prefix and ancestors only; one (logits, states) per row.
+        ``last_slots`` then says how many token positions it computed, padding included. One row: ``forward``."""
+        if len(rows) != 1:
+            raise NotImplementedError(f"engine '{self.name}' runs one row per forward")
+        out = self.forward(tokens[0], trees[0], row=rows[0], hidden=hidden)
+        self.last_slots = tokens[0].shape[0]
+        return [out]
+
+    def commit(self, start: int, path: list[int], row: int = 0) -> None:
+        """Keep, of ``row``'s entries appended from slot ``start`` on, the nodes ``path`` (increasing) only."""
         raise NotImplementedError
 
     def prepare(self, sizes: list[int] | None) -> None:

@@ -52,50 +52,112 @@ def commit(cache: DynamicCache, start: int, keep: list[int]) -> None:
         layer.values = layer.values[:, :, :start + m]
 
 
-class StaticKV:
-    """A preallocated cache for one sequence: per layer ``keys/values[kv_heads, capacity, head_dim]``.
+def place_row(cache: DynamicCache, row: int, rows: int, part: DynamicCache) -> None:
+    """Put the entries of ``part`` (one sequence's cache) at slots 0.. of ``row`` in ``cache``, a cache of ``rows``
+    sequences (a batch, ``methods.engine.hf``), whose length grows (zeros in the other rows) where it is shorter.
+    The row's slots past them keep what they held (its length says where its entries end)."""
+    n = length(part)
+    for layer, src in zip(cache.layers, part.layers):
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            layer.lazy_initialization(src.keys, src.values)
+            shape = (rows, *src.keys.shape[1:2], 0, src.keys.shape[-1])
+            layer.keys, layer.values = src.keys.new_zeros(shape), src.values.new_zeros(shape)
+        grow = n - layer.keys.shape[2]
+        if grow > 0:
+            layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, 0, grow))
+            layer.values = torch.nn.functional.pad(layer.values, (0, 0, 0, grow))
+        layer.keys[row, :, :n] = src.keys[0]
+        layer.values[row, :, :n] = src.values[0]
 
-    Entries are written by slot; ``length`` counts those in use. A draft's rejected
-    entries dropped by ``commit`` stay where they are, past ``length``: the next
+
+def commit_row(cache: DynamicCache, row: int, step: int, start: int, keep: list[int]) -> None:
+    """Keep, of the entries a batched step appended from slot ``step`` on, ``row``'s nodes ``keep``, moved to its
+    slots ``start, start+1, ...`` (its committed length: ``start <= step``). The cache's length is left as it is;
+    ``truncate`` to the longest row's length drops what is past every row."""
+    src = torch.tensor(keep, device=cache.layers[0].keys.device) + step
+    for layer in cache.layers:
+        layer.keys[row, :, start:start + len(keep)] = layer.keys[row].index_select(1, src)
+        layer.values[row, :, start:start + len(keep)] = layer.values[row].index_select(1, src)
+
+
+class StaticKV:
+    """A preallocated cache for ``rows`` sequences (a batch's slots): ``keys/values[rows, layers, kv_heads, capacity,
+    head_dim]``, so that one row's cache, ``keys[row]``, is one contiguous block laid out as a single sequence's.
+
+    Entries are written by slot; ``lengths[row]`` counts those in use. A draft's rejected
+    entries dropped by ``commit`` stay where they are, past the length: the next
     forward overwrites the slots it uses and masks every slot past its own tokens,
     so dropping a rejected draft costs nothing, and committing an accepted path
     moves only its own entries (none for a chain).
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype, device):
-        self.keys = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype, device, rows: int = 1):
+        self.keys = torch.zeros(rows, layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
-        self.length = 0
+        self.lengths = [0] * rows
+        self._views()
+
+    def _views(self) -> None:
+        self.row_keys, self.row_values = list(self.keys), list(self.values)  # per row, made once per allocation
+
+    def row(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``r``'s keys and values [layers, kv_heads, capacity, head_dim] (views, the same objects until the
+        cache grows)."""
+        return self.row_keys[r], self.row_values[r]
+
+    @property
+    def rows(self) -> int:
+        return self.keys.shape[0]
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.keys.shape[3]
+
+    @property
+    def length(self) -> int:
+        """Row 0's length (a cache of one sequence)."""
+        return self.lengths[0]
 
     def reserve(self, n: int) -> None:
-        """Make room for ``n`` slots (at least doubling, keeping the entries)."""
+        """Make room for ``n`` slots per row (at least doubling, keeping the entries)."""
         if n > self.capacity:
             grow = max(n, 2 * self.capacity) - self.capacity
             pad = (0, 0, 0, grow)
             self.keys = torch.nn.functional.pad(self.keys, pad)
             self.values = torch.nn.functional.pad(self.values, pad)
+            self._views()
 
     @staticmethod
     def write(keys: torch.Tensor, values: torch.Tensor, layer: int, slots: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, span: int):
-        """Write ``k, v`` [kv_heads, n, head_dim] at ``slots`` of a cache's ``keys, values`` (a ``StaticKV``'s,
-        passed in so that a compiled step takes them as inputs); return the layer's first ``span`` slots
-        (views). The engine appends: after its last layer it sets ``length`` past the new slots."""
+        """Write ``k, v`` [kv_heads, n, head_dim] at ``slots`` of one row's ``keys, values`` ([layers, kv_heads,
+        capacity, head_dim]: ``StaticKV.keys[row]``, passed in so that a compiled step takes them as inputs); return
+        the layer's first ``span`` slots (views). The engine appends: after its last layer it sets the row's length
+        past the new slots."""
         keys, values = keys[layer], values[layer]
         keys.index_copy_(1, slots, k)
         values.index_copy_(1, slots, v)
         return keys[:, :span], values[:, :span]
 
-    def commit(self, start: int, keep: list[int]) -> None:
-        """Keep, of the entries written from ``start`` on, the nodes ``keep`` (see ``commit`` above)."""
+    @staticmethod
+    def write_rows(keys: torch.Tensor, values: torch.Tensor, layer: int, slots: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, span: int):
+        """``write`` for b rows at once: ``keys, values`` are the rows' block ``StaticKV.keys[lo:hi]`` [b, layers,
+        kv_heads, capacity, head_dim], ``slots`` [b, n] each row's own, ``k, v`` [b, kv_heads, n, head_dim]; returns
+        the layer's first ``span`` slots of every row (views)."""
+        keys, values = keys[:, layer], values[:, layer]
+        rows = torch.arange(keys.shape[0], device=keys.device)[:, None]
+        keys[rows, :, slots] = k.transpose(1, 2)
+        values[rows, :, slots] = v.transpose(1, 2)
+        return keys[:, :, :span], values[:, :, :span]
+
+    def commit(self, start: int, keep: list[int], row: int = 0) -> None:
+        """Keep, of ``row``'s entries written from ``start`` on, the nodes ``keep`` (see ``commit`` above)."""
         m = len(keep)
         if keep != list(range(m)):
+            keys, values = self.keys[row], self.values[row]
             src = torch.tensor(keep, device=self.keys.device) + start
             dst = torch.arange(start, start + m, device=self.keys.device)
-            self.keys.index_copy_(2, dst, self.keys.index_select(2, src))
-            self.values.index_copy_(2, dst, self.values.index_select(2, src))
-        self.length = start + m
+            keys.index_copy_(2, dst, keys.index_select(2, src))
+            values.index_copy_(2, dst, values.index_select(2, src))
+        self.lengths[row] = start + m

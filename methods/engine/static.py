@@ -33,21 +33,28 @@ class _Layer:
         self.expand = expand_kv and self.heads != self.kv_heads  # see sdpa_backend
 
     def qkv(self, x, cos, sin):
-        """Pre-attention: the rotated queries [heads, n, d] and keys and values [kv_heads, n, d]."""
-        n = x.shape[0]
+        """Pre-attention: the rotated queries [heads, n, d] and keys and values [kv_heads, n, d] (a batch's rows:
+        x [b, n, hidden] gives [b, heads, n, d] and [b, kv_heads, n, d], with cos, sin [b, 1, n, d])."""
+        *lead, n, _ = x.shape
         h = self.norm1(x)
-        q = self.q(h).view(n, self.heads, self.head_dim).transpose(0, 1)
-        k = self.k(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-        v = self.v(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        q = self.q(h).view(*lead, n, self.heads, self.head_dim).transpose(-3, -2)
+        k = self.k(h).view(*lead, n, self.kv_heads, self.head_dim).transpose(-3, -2)
+        v = self.v(h).view(*lead, n, self.kv_heads, self.head_dim).transpose(-3, -2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def attend(self, q, keys, values, mask):
+        """Attention of queries [heads, n, d] over keys and values [kv_heads, span, d] with ``mask`` [n, span] (a
+        batch's rows: [b, heads, n, d], [b, kv_heads, span, d], [b, 1, n, span]); returns [(b,) n, heads * d]."""
+        rows = q.dim() == 4
+        if not rows:
+            q, keys, values = q[None], keys[None], values[None]
         if self.expand:
             group = self.heads // self.kv_heads
-            keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
-        o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=self.scale,
-                                           enable_gqa=self.heads != keys.shape[0])
-        return o[0].transpose(0, 1).reshape(q.shape[1], self.heads * self.head_dim)
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=self.heads != keys.shape[1])
+        o = o.transpose(1, 2).reshape(q.shape[0], q.shape[2], self.heads * self.head_dim)
+        return o if rows else o[0]
 
     def rest(self, x, o):
         """Post-attention: output projection, residual, MLP, residual."""
@@ -117,11 +124,15 @@ class StaticEngine(Engine):
             self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
 
     @torch.inference_mode()
-    def start(self, capacity: int) -> None:
-        if self.cache is None:
+    def start(self, capacity: int, rows: int = 1) -> None:
+        if self.cache is None or self.cache.rows != rows:
             self.cache = kv.StaticKV(len(self.layers), self.model.config.num_key_value_heads, self.head_dim,
-                                     0, self.dtype, self.device)  # sized by _room
-        self.cache.length = 0
+                                     0, self.dtype, self.device, rows)  # sized by _room
+        self.cache.lengths = [0] * rows
+        self._room(capacity)
+
+    def open(self, row: int, capacity: int) -> None:
+        self.cache.lengths[row] = 0
         self._room(capacity)
 
     def _room(self, n: int) -> int:
@@ -131,8 +142,8 @@ class StaticEngine(Engine):
         if n > self.cache.capacity:
             self.cache.reserve(n)
             if self._compiled is not None and self.device.type == "cuda":  # CUDA graphs replay on it in place
-                torch._dynamo.mark_static_address(self.cache.keys)
-                torch._dynamo.mark_static_address(self.cache.values)
+                for t in (*self.cache.row_keys, *self.cache.row_values):
+                    torch._dynamo.mark_static_address(t)
         if self._rope[0].shape[0] < n:
             pos = torch.arange(self.cache.capacity, device=self.device)[None]
             cos, sin = self.rotary(torch.empty(1, dtype=self.dtype, device=self.device), pos)
@@ -141,7 +152,10 @@ class StaticEngine(Engine):
 
     @property
     def length(self) -> int:
-        return self.cache.length
+        return self.cache.lengths[0]
+
+    def length_of(self, row: int) -> int:
+        return self.cache.lengths[row]
 
     @torch.inference_mode()
     def prepare(self, sizes: list[int] | None) -> None:
@@ -191,48 +205,106 @@ class StaticEngine(Engine):
             size = n
         return size
 
+    def _mask(self, past: int, n: int, tree: Tree | None, span: int, size: int) -> torch.Tensor:
+        """[size, span] bool: what each of ``n`` new tokens after ``past`` committed ones sees (the committed prefix,
+        then its ancestors among the n, or the causal triangle); a padding node (``size > n``) sees only itself."""
+        rel = torch.arange(span, device=self.device) - past
+        if tree is None or tree.is_chain:
+            mask = rel[None, :] <= torch.arange(n, device=self.device)[:, None]
+        else:
+            mask = (rel < 0) | ((rel < n) & tree.ancestors[:, rel.clamp(0, n - 1)])
+        if size > n:
+            pad = torch.arange(n, size, device=self.device)
+            mask = torch.cat([mask, rel[None, :] == pad[:, None]])
+        return mask
+
+    def _positions(self, past: int, n: int, tree: Tree | None, size: int) -> torch.Tensor:
+        """[size] positions of ``n`` new tokens after ``past`` (a tree's nodes at ``past + depth``), padding at ``past``."""
+        if tree is None or tree.is_chain:
+            positions = torch.arange(past, past + n, device=self.device)
+        else:
+            positions = tree.depth + past
+        if size > n:
+            positions = torch.cat([positions, torch.full((size - n,), past, device=self.device)])
+        return positions
+
     @torch.inference_mode()
-    def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
-        n, past = tokens.shape[0], self.cache.length
+    def forward(self, tokens, tree=None, *, row=0, last_only=False, hidden=False):
+        n, past = tokens.shape[0], self.cache.lengths[row]
         step = self._compiled is not None and tree is not None  # a compiled step (the prefill stays eager)
         size = self._graph_size(n) if step else n
         span = self._room(past + size)
-        cache = self.cache
-        if tree is None or tree.is_chain:
-            positions = torch.arange(past, past + n, device=self.device)
-            ancestors = None
-        else:
-            positions, ancestors = tree.depth + past, tree.ancestors
-        # [n, span] bool: the committed prefix, then the node's ancestors (or the causal triangle) among the n new.
-        rel = torch.arange(span, device=self.device) - past
-        if ancestors is None:
-            mask = rel[None, :] <= torch.arange(n, device=self.device)[:, None]
-        else:
-            mask = (rel < 0) | ((rel < n) & ancestors[:, rel.clamp(0, n - 1)])
+        keys, values = self.cache.row(row)
+        mask = self._mask(past, n, tree, span, size)
+        positions = self._positions(past, n, tree, size)
         if size > n:  # padding nodes: each sees only itself, and is written past the step's own entries
-            pad = torch.arange(n, size, device=self.device)
-            tokens = torch.cat([tokens, torch.zeros_like(pad)])
-            positions = torch.cat([positions, torch.full_like(pad, past)])
-            mask = torch.cat([mask, rel[None, :] == pad[:, None]])
+            tokens = torch.cat([tokens, torch.zeros(size - n, dtype=tokens.dtype, device=self.device)])
         cos, sin = self._rope[0][positions], self._rope[1][positions]
         slots = torch.arange(past, past + size, device=self.device)
         x = self.embed(tokens)
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
         if step and taps is None:  # one graph per size (steps that tap inner layers run eagerly)
-            for t, dim in ((mask, 1), (cache.keys, 2), (cache.values, 2)):  # any span, any cache capacity
+            for t, dim in ((mask, 1), (keys, 2), (values, 2)):  # any span, any cache capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-            x = self._compiled(x, cos, sin, mask, slots, cache.keys, cache.values)[:n]
+            x = self._compiled(x, cos, sin, mask, slots, keys, values)[:n]
         else:
-            x = self._layers(x, cos, sin, mask, slots, cache.keys, cache.values, hidden if taps is not None else (),
-                             taps)[:n]
-        cache.length = past + n
+            x = self._layers(x, cos, sin, mask, slots, keys, values, hidden if taps is not None else (), taps)[:n]
+        self.cache.lengths[row] = past + n
+        self.last_slots = size
         h = self.norm(x)
         if taps is not None:
             return self.lm_head(h[-1:] if last_only else h), torch.cat(taps, dim=-1)[:n]
         return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
 
+    @torch.inference_mode()
+    def forward_rows(self, rows, tokens, trees, *, hidden=False):
+        """One forward of several rows' steps (``Engine.forward_rows``): the rows ``min(rows)..max(rows)`` as one
+        batch [b, width], each row's tokens padded to the widest (a row not stepping is all padding), written at its
+        own slots and masked to its own prefix and ancestors; the lm_head runs on the real tokens only."""
+        if len(rows) == 1:
+            return [self.forward(tokens[0], trees[0], row=rows[0], hidden=hidden)]
+        lo, hi = min(rows), max(rows) + 1
+        step = dict(zip(rows, zip(tokens, trees)))
+        width = max(t.shape[0] for t in tokens)
+        pasts = self.cache.lengths[lo:hi]
+        span = self._room(max(pasts) + width)
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        toks, masks, positions = [], [], []
+        for r, past in zip(range(lo, hi), pasts):
+            t, tree = step.get(r, (empty, None))
+            n = t.shape[0]
+            toks.append(torch.cat([t, torch.zeros(width - n, dtype=t.dtype, device=self.device)]) if n < width else t)
+            masks.append(self._mask(past, n, tree, span, width))
+            positions.append(self._positions(past, n, tree, width))
+        positions = torch.stack(positions)
+        cos, sin = self._rope[0][positions][:, None], self._rope[1][positions][:, None]  # [b, 1, width, d]
+        slots = torch.tensor(pasts, device=self.device)[:, None] + torch.arange(width, device=self.device)
+        mask = torch.stack(masks)[:, None]  # [b, 1, width, span]
+        keys, values = self.cache.keys[lo:hi], self.cache.values[lo:hi]
+        taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
+        x = self.embed(torch.stack(toks))  # [b, width, hidden]
+        for i, layer in enumerate(self.layers):
+            if taps is not None and i in hidden:
+                taps.append(x)
+            q, k, v = layer.qkv(x, cos, sin)
+            k, v = kv.StaticKV.write_rows(keys, values, i, slots, k, v, span)
+            x = layer.rest(x, layer.attend(q, k, v, mask))
+        h = self.norm(x)
+        counts = [t.shape[0] for t in tokens]
+        real = torch.cat([h[r - lo, :n] for r, n in zip(rows, counts)])
+        logits = self.lm_head(real).split(counts)
+        if taps is not None:
+            features = torch.cat(taps, dim=-1)
+            states = [features[r - lo, :n] for r, n in zip(rows, counts)]
+        else:
+            states = real.split(counts) if hidden else [None] * len(rows)
+        for r, n in zip(rows, counts):
+            self.cache.lengths[r] += n
+        self.last_slots = (hi - lo) * width
+        return list(zip(logits, states))
+
     def _layers(self, x, cos, sin, mask, slots, keys, values, layers=(), taps=None):
-        """The decoder layers over [n, hidden] activations; writes the n new entries into the cache
+        """The decoder layers over [n, hidden] activations; writes the n new entries into one row's cache
         ``keys/values`` [layers, kv_heads, capacity, head_dim] and attends over the first ``mask.shape[1]``;
         appends the input of every layer in ``layers`` to ``taps``."""
         span = mask.shape[1]
@@ -245,5 +317,5 @@ class StaticEngine(Engine):
         return x
 
     @torch.inference_mode()
-    def commit(self, start: int, path: list[int]) -> None:
-        self.cache.commit(start, path)
+    def commit(self, start: int, path: list[int], row: int = 0) -> None:
+        self.cache.commit(start, path, row)

@@ -280,6 +280,16 @@ class _Retrieving(Proposer):
             cap = next(c for lo, c in reversed(self.budget["caps"]) if score >= lo)
         return min(cap, int(self.alpha * score)) if self.alpha else cap
 
+    def fork(self) -> "_Retrieving":
+        """Its own dynamic automaton (the corpus's shared) and its own tree drafter's state."""
+        import copy
+
+        other = super().fork()
+        other.retrieval = copy.copy(self.retrieval)
+        if self.drafter is not None:
+            other.drafter = self.drafter.fork()
+        return other
+
     def reset(self, prompt_ids: torch.Tensor, turn: int, prompt_logits: torch.Tensor | None,
               prompt_hidden: torch.Tensor | None = None) -> None:
         self.retrieval.reset()

@@ -159,6 +159,12 @@ class SpS(Proposer):
         if getattr(preparation.engine, "pack", None) is False and isinstance(self.engine, StaticEngine):
             self.engine = drafter_engine(self.drafter, pack=False)
 
+    def fork(self) -> "SpS":
+        """Its own drafter cache (the weights shared), and its own chain length under the heuristic schedule."""
+        other = super().fork()
+        other.engine = drafter_engine(self.drafter, pack=getattr(self.engine, "pack", None))
+        return other
+
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
         self.engine.start(len(prompt_ids) + 2 * MAX_DRAFT)
         self.n_prompt = len(prompt_ids)

@@ -196,6 +196,15 @@ class TokenRecycling(Proposer):
         if prompt_logits is not None:
             self._write(prompt_ids, prompt_logits.topk(self.k, dim=-1).indices)
 
+    def fork(self) -> "TokenRecycling":
+        """A hot start shares the matrix with the batch (every slot's verified nodes written into it, slot after slot
+        at each step: ``decode_batch``); a cold or prompt start clears it per question, so each slot has its own."""
+        other = super().fork()
+        if self.start in ("cold", "prompt"):
+            other.M = self.M.clone()
+        other._buf = self._buf.clone()
+        return other
+
     def propose(self, context: torch.Tensor) -> Draft:
         tokens = self._buf
         tokens[0] = context[-1]

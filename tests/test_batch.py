@@ -1,0 +1,121 @@
+"""Batched decoding (``runtime.batch_size``, ``methods.decode.decode_batch``): every method, at every batch size, gives
+every row exactly the tokens of batch-1 vanilla decoding, on both engines; a method whose state lives within a request
+drafts exactly as at batch size 1 (its accept lengths equal), so no slot's state leaks into another's."""
+import pytest
+import torch
+
+from methods.base import Proposer, build_proposer, registry
+from methods.decode import Request, decode_batch, generate
+from methods.engine import HFEngine, StaticEngine
+from methods.sampling import Sampler, Sampling
+
+CPU = torch.device("cpu")
+MAX_NEW = 24
+# Seven requests of different lengths, two of them a question's second turn (turn=1), so that slots take new requests
+# while others decode (continuous batching) and rows differ in length and in tree size.
+_g = torch.Generator().manual_seed(1)
+PROMPTS = [torch.randint(3, 96, (int(n),), generator=_g).tolist() for n in (5, 31, 12, 44, 8, 20, 27)]
+PROMPTS[2] = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6]  # repeats, for the copying drafters
+TURNS = [0, 0, 1, 0, 0, 1, 0]
+
+
+def engines(model):
+    return {"static": StaticEngine(model, pack=False), "hf": HFEngine(model)}
+
+
+def within_request(cls) -> bool:
+    """No state outlives a request (Token Recycling's hot matrix, SpS's chain length and SAM's statistics do)."""
+    return cls.state_dict is Proposer.state_dict
+
+
+def batched(engine, proposer, batch: int, sampling: Sampling | None = None):
+    """Every request decoded in ``batch`` slots: {request index: Generation}."""
+    proposers = [proposer] + [proposer.fork() for _ in range(batch - 1)]
+    queue, out = list(range(len(PROMPTS))), {}
+
+    def feed(slot, done):
+        if done is not None:
+            out[done[0].tag] = done[1]
+        if not queue:
+            return None
+        i = queue.pop(0)
+        sampler = Sampler(sampling, i, TURNS[i]) if sampling else None
+        return Request(PROMPTS[i], MAX_NEW, TURNS[i], sampler, tag=i)
+
+    decode_batch(engine, proposers, feed, stop_ids=set())
+    return [out[i] for i in range(len(PROMPTS))]
+
+
+def one_by_one(engine, proposer, sampling: Sampling | None = None):
+    return [generate(engine, proposer, p, max_new_tokens=MAX_NEW, stop_ids=set(), turn=TURNS[i],
+                     sampler=Sampler(sampling, i, TURNS[i]) if sampling else None) for i, p in enumerate(PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def vanilla(tiny_models):
+    """Batch-1 vanilla greedy on each tiny model depth used, per engine."""
+    cache = {}
+
+    def get(layers, engine_name):
+        if (layers, engine_name) not in cache:
+            model = tiny_models(layers)
+            proposer = build_proposer("vanilla", {}, vocab_size=96, device=CPU)
+            cache[layers, engine_name] = [g.token_ids for g in one_by_one(engines(model)[engine_name], proposer)]
+        return cache[layers, engine_name]
+
+    return get
+
+
+@pytest.mark.parametrize("engine_name", ["static", "hf"])
+@pytest.mark.parametrize("method", list(registry()))
+def test_every_method_is_lossless_at_every_batch_size(tiny_models, vanilla, tmp_path, method, engine_name):
+    cls = registry()[method]
+    layers = max(2, cls.min_layers)
+    model = tiny_models(layers)
+    engine = engines(model)[engine_name]
+    params = cls.example(tmp_path, PROMPTS)
+    reference = vanilla(layers, engine_name)
+    alone = one_by_one(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model))
+    for batch in (2, 4, 8):
+        proposer = build_proposer(method, params, vocab_size=96, device=CPU, target=model)
+        got = batched(engine, proposer, batch)
+        assert [g.token_ids for g in got] == reference, f"batch {batch}"
+        assert max(max(g.batch_rows or [1]) for g in got) == min(batch, len(PROMPTS))  # the rows were batched
+        if within_request(cls):
+            assert [g.accept_lengths for g in got] == [g.accept_lengths for g in alone], f"batch {batch}"
+    if cls.drafts:
+        assert max(n for g in alone for n in g.draft_nodes) > 1, "nothing drafted"
+
+
+@pytest.mark.parametrize("method", ["vanilla", "tr", "pld", "lookahead", "eagle2"])
+def test_sampled_rows_draw_what_they_draw_alone(tiny_models, tmp_path, method):
+    """At temperature > 0 a row's draws are keyed by its question, turn and position, so that the rows it shares a
+    batch with change none of them."""
+    cls = registry()[method]
+    model = tiny_models(max(2, cls.min_layers))
+    engine = engines(model)["static"]
+    params = cls.example(tmp_path, PROMPTS)
+    settings = Sampling(temperature=1.0, top_p=0.95, seed=4)
+    reference = [g.token_ids for g in one_by_one(engine, build_proposer("vanilla", {}, vocab_size=96, device=CPU),
+                                                 settings)]
+    got = batched(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model), 4, settings)
+    assert [g.token_ids for g in got] == reference
+
+
+def test_batch_one_is_the_one_request_loop(tiny_model):
+    """decode_batch with one slot is generate: the same tokens, steps and draft sizes."""
+    engine = engines(tiny_model)["static"]
+    alone = one_by_one(engine, build_proposer("tr", {}, vocab_size=96, device=CPU))
+    got = batched(engine, build_proposer("tr", {}, vocab_size=96, device=CPU), 1)
+    assert [(g.token_ids, g.accept_lengths, g.draft_nodes) for g in got] == \
+        [(g.token_ids, g.accept_lengths, g.draft_nodes) for g in alone]
+    assert all(g.batch_rows is None for g in got)
+
+
+def test_padding_is_counted(tiny_model):
+    """Each step records its forward's rows and token positions: the widest row's nodes times the rows."""
+    engine = engines(tiny_model)["static"]
+    got = batched(engine, build_proposer("pld", {}, vocab_size=96, device=CPU), 3)
+    steps = [(r, s, n) for g in got for r, s, n in zip(g.batch_rows, g.forward_slots, g.draft_nodes) if r]
+    assert all(s >= r * 1 and s >= n for r, s, n in steps)
+    assert any(s > r * n for r, s, n in steps)  # PLD's drafts differ in size: some rows were padded
