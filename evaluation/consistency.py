@@ -89,7 +89,8 @@ def check(sides: list[Side], keys: tuple[str, ...] = SETTINGS, allow_unfinished:
         for s, v in seen[1:]:
             if json.dumps(v) != json.dumps(seen[0][1]):
                 first, value = seen[0]
-                name = {"max_new_tokens": "bench.max_new_tokens", "sampling": "sampling.*"}.get(key, key)
+                name = {"max_new_tokens": "bench.max_new_tokens", "sampling": "sampling.*",
+                        "batch_size": "runtime.batch_size"}.get(key, key)
                 raise HarnessError(f"{first.path} and {s.path} differ in {name} ({_shown(key, value)} vs "
                                    f"{_shown(key, v)}): a settings difference; {fix}")
     if not unfinished:

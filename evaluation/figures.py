@@ -1,6 +1,6 @@
-"""The figures of a report (PNG and PDF): speedup per task, accepted lengths, the ablation curves and the start
-policies; ``figure_style`` and ``save_figure`` give other figures of the project the same look and footer, and
-``method_colour`` every method its one colour in all of them."""
+"""The figures of a report (PNG and PDF): speedup per task, accepted lengths, the ablation curves, the start
+policies and the speedup under load against the batch size; ``figure_style`` and ``save_figure`` give other figures
+of the project the same look and footer, and ``method_colour`` every method its one colour in all of them."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,7 @@ import pandas as pd
 from evaluation.data import TASKS
 from evaluation.metrics import OVERALL, accept_histogram
 from evaluation.report_runs import Group, bench_line
+from evaluation.tables import batch_sizes, crossovers
 from methods.common import atomic
 
 SHORT_NAMES = {"mt_bench": "MT-Bench", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
@@ -347,3 +348,36 @@ def plot_temperatures(stats: pd.DataFrame, groups: list[Group], out: Path, foote
     a_speed.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     return save_figure(fig, out, "mat_by_temperature",
                        footer + " · " + bench_line(groups) + _error_note(stats, ["mat", "speedup"]))
+
+
+def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: str) -> list[Path]:
+    """``speedup_vs_batch``: per method (``evaluation.tables.batch_table``), its speedup in throughput over vanilla at
+    the same batch size against the batch size, on a log2 axis, with the dashed line of no speedup; where a method
+    falls below it (``evaluation.metrics.crossover``) is marked with an x, and its legend entry says where, or that it
+    never does."""
+    rows = batch[~batch["baseline"].astype(bool) & batch["speedup"].notna()]
+    if not len(rows):
+        return []
+    plt = figure_style()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    multi = batch["model"].nunique() > 1
+    series = list(rows.groupby(["model", "method"], sort=False))
+    crossing = crossovers(batch)
+    for ((model, method), t), colour in zip(series, colours([method for (_, method), _ in series])):
+        t = t.sort_values("batch_size")
+        name = f"{method} · {model}" if multi else method
+        x, where = crossing[model, method]
+        ax.plot(t["batch_size"], t["speedup"], marker="o", ms=4, color=colour, label=f"{name}: {where}")
+        if x is not None:
+            ax.plot([x], [1.0], marker="x", ms=9, mew=2, color=colour, ls="none")
+    ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
+    sizes = batch_sizes(batch)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size (runtime.batch_size: turns decoded at once)")
+    ax.set_ylabel("speedup over vanilla at that batch size\n(×, throughput ratio)")
+    ax.set_title(f"Speedup under load ({bench})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, out, "speedup_vs_batch", footer + " · x: where a method's speedup falls below 1.0× "
+                       "(interpolated on log2 of the batch size)")

@@ -24,21 +24,23 @@ import pandas as pd
 from evaluation.equal import compare, explain
 from evaluation.metrics import per_question
 from evaluation.report_runs import Group, Run, bench_line, environment_line, run_tokenizer
-from evaluation.tables import _display, depth_markdown, drafter_markdown
+from evaluation.tables import _display, batch_markdown, batch_sizes, depth_markdown, drafter_markdown
 from methods.common import HarnessError, write_text_atomic
 
 WINDOW = 4  # tokens decoded before each token: a character split over byte tokens is at most 4 bytes
 
 
 def write_html(out: Path, table: pd.DataFrame, stats: pd.DataFrame, groups: list[Group], depths: pd.DataFrame,
-               drafters: pd.DataFrame, files: list[Path], notes: list[str]) -> Path:
+               drafters: pd.DataFrame, files: list[Path], notes: list[str], batch: pd.DataFrame | None = None) -> Path:
     """Write ``out/report.html`` from what ``evaluation.report.report`` made (its PNG ``files`` inlined; ``notes``:
-    the lines under its main table)."""
+    the lines under its main table; ``batch``: its numbers under load, a table per batch size)."""
     identity, diverged = _identity(groups)
     header, body = _display(table, " ± ")
     sections = [
         ("Main table", _table(header, [[_unbroken_brackets(c) for c in row] for row in body], "main")
          + "".join(f"<p class=note>{escape(n)}</p>" for n in notes)),
+        ("Under load", "".join(f"<h3>Batch size {size}</h3>" + _markdown_table(batch_markdown(batch, size))
+                               for size in batch_sizes(batch)) if batch is not None else ""),
         ("Figures", "<div class=figures>" + "".join(
             f"<figure><img alt='{escape(f.stem)}' src='data:image/png;base64,"
             f"{base64.b64encode(f.read_bytes()).decode()}'><figcaption>{escape(f.stem)}</figcaption></figure>"

@@ -66,7 +66,12 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   verifying forward computed (the batch's rows times its widest draft), averaged over forwards; ``padding`` = the
   share of those that were padding (rows' drafts narrower than the widest, slots with no request). A step of a
   forward that verified r rows counts 1/r of it, so that every forward counts once. The speedup under load is the
-  method's throughput over vanilla's at the same batch size.
+  method's throughput over vanilla's at the same batch size. Repeats of one configuration are pooled as the parts of
+  one run.
+* **crossover** (``crossover``) of a method measured at several batch sizes: the first batch size at which its speedup
+  under load falls below 1.0, interpolated linearly in log2 of the batch size between the measured point before (at
+  or above 1.0) and the first one below (1.5x at B=2 and 0.5x at B=8 cross at B=4); the smallest batch size measured
+  when the speedup is below 1.0 there already, and none when it never falls below.
 * **per-drafter** numbers (hybrids, ``step_info``): a drafter's share of the steps
   that drafted, and the MAT of its steps (mean accept length over them).
 """
@@ -290,6 +295,20 @@ def batch_stats(records: list[dict]) -> dict:
                     f"{name}_p50": float(np.percentile(v, 50)) if len(v) else None,
                     f"{name}_p90": float(np.percentile(v, 90)) if len(v) else None})
     return out
+
+
+def crossover(points: list[tuple[int, float]]) -> float | None:
+    """The module's "crossover" of (batch size, speedup under load) points, in any order (missing speedups left
+    out); None when no speedup is below 1.0."""
+    points = sorted((size, s) for size, s in points if s is not None and not math.isnan(s))
+    for i, (size, speedup) in enumerate(points):
+        if speedup < 1.0:
+            if i == 0:
+                return float(size)
+            before, above = points[i - 1]
+            share = (above - 1.0) / (above - speedup)  # of the way from the point before to this one, on log2 B
+            return float(2 ** (math.log2(before) + share * (math.log2(size) - math.log2(before))))
+    return None
 
 
 def accept_histogram(records: list[dict]) -> pd.Series:

@@ -14,6 +14,7 @@ from evaluation.metrics import load_stats
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
+BATCH = "batch_size"  # the params key of a run's runtime.batch_size: rows and baselines are per batch size
 
 
 @dataclass
@@ -24,8 +25,9 @@ class Run:
     summary: dict                  # our summary.json; {} for Spec-Bench's own answer files
     model: str
     method: str                    # registry name, or the label of a foreign file
-    params: dict = field(default_factory=dict)  # method config, name excluded
+    params: dict = field(default_factory=dict)  # method config (name excluded), engine, sampling, batch size
     label: str = ""                # method plus the parameters that tell it from its siblings
+    series: str = ""               # the label without the batch size: one line across batch sizes
 
     @property
     def questions(self) -> frozenset:
@@ -61,6 +63,15 @@ class Group:
     def records(self) -> list[dict]:
         return [r for run in self.runs for r in run.records]
 
+    @property
+    def series(self) -> str:
+        return self.runs[0].series or self.label
+
+    @property
+    def batch_size(self) -> int | None:
+        """The turns its runs decoded at once (``runtime.batch_size``); None for a foreign file."""
+        return self.params.get(BATCH)
+
 
 # ---------------------------------------------------------------- finding and reading runs
 
@@ -90,6 +101,7 @@ def load_run(file: Path, label: str | None = None) -> Run:
         sampling = sampling_label(summary.get("config", {}).get("sampling"))
         if sampling:
             params["sampling"] = sampling
+        params[BATCH] = Side(file.parent, summary, records).setting(BATCH)
         return Run(file, records, summary, summary["model"], label or summary["method"], params)
     models = sorted({str(r.get("model_id")) for r in records})
     if len(models) != 1:
@@ -214,14 +226,14 @@ def side(run: Run) -> Side:
 
 def check_runs(groups: list[Group], allow_unfinished: bool = False) -> str | None:
     """The consistency rule (``evaluation.consistency``) on a table: every row shares the questions and the new
-    tokens of the caption, and each row's model and sampling settings are its baseline's. Returns the note the
+    tokens of the caption, and each row's model, sampling settings and batch size are its baseline's. Returns the note the
     caption needs for unfinished runs (allowed), else None."""
     runs = list({id(r): r for g in groups for r in g.baseline + g.runs}.values())
     fix = "report runs made with the same settings together (a table has one caption), or each set apart"
     note = check([side(r) for r in runs], ("questions", "max_new_tokens"), allow_unfinished, fix).note
     for g in groups:
-        check([side(r) for r in g.baseline + g.runs], ("model", "sampling"), True,
-              f"give {g.label} a baseline of the same model and sampling settings (--baseline RUN)")
+        check([side(r) for r in g.baseline + g.runs], ("model", "sampling", BATCH), True,
+              f"give {g.label} a baseline of the same model, sampling settings and batch size (--baseline RUN)")
     return note
 
 
@@ -268,12 +280,14 @@ def _label_runs(runs: list[Run]) -> None:
         else:
             run.label = run.method
     for group in siblings.values():
-        keys = sorted({k for r in group for k in r.params})
+        keys = sorted({k for r in group for k in r.params}, key=lambda k: (k == BATCH, k))  # the batch size last
         differ = [k for k in keys if len({json.dumps(r.params.get(k), sort_keys=True) for r in group}) > 1]
         for r in group:
-            shown = [str(r.params.get(k)) if k == "sampling" else f"{k}={r.params.get(k)}" for k in differ
-                     if not (k == "sampling" and r.params.get(k) is None)]
-            r.label = r.method + (" (" + ", ".join(shown) + ")" if shown else "")
+            shown = {k: str(r.params.get(k)) if k == "sampling" else f"{k}={r.params.get(k)}" for k in differ
+                     if not (k == "sampling" and r.params.get(k) is None)}
+            r.label = r.method + (" (" + ", ".join(shown.values()) + ")" if shown else "")
+            shown.pop(BATCH, None)
+            r.series = r.method + (" (" + ", ".join(shown.values()) + ")" if shown else "")
 
 
 def _repeats(runs: list[Run]) -> list[Group]:
@@ -300,19 +314,19 @@ def _give_named_baseline(groups: list[Group], baseline: list[Run]) -> None:
             raise HarnessError(f"the baseline ({baseline[0].path}) is a run of {sorted(models)} but {g.label} "
                                f"runs {g.model}; give a baseline of the same model, or report each model apart")
     files = {b.path.resolve() for b in baseline}
-    for g in groups:
-        g.baseline = baseline
+    for g in groups:  # baselines at several batch sizes: each row's own (else all, which check_runs refuses)
+        g.baseline = [b for b in baseline if b.params.get(BATCH) == g.batch_size] or baseline
         g.is_baseline = all(r.path.resolve() in files for r in g.runs)
 
 
 def _give_vanilla_baselines(groups: list[Group], runs: list[Run]) -> None:
     """Without ``--baseline`` a row's baseline is the vanilla runs of its model on its engine, under its sampling
-    settings: an engine changes the speed of vanilla decoding as much as that of the method, and a temperature
-    the tokens (a sampled run is compared with vanilla sampling of the same settings and seed)."""
+    settings, at its batch size: an engine changes the speed of vanilla decoding as much as that of the method, a
+    temperature the tokens (a sampled run is compared with vanilla sampling of the same settings and seed), and a
+    batch size the load (a speedup under load is against vanilla at the same batch size)."""
     for g in groups:
         g.baseline = [r for r in runs if r.model == g.model and r.method == BASELINE
-                      and r.params.get("engine") == g.params.get("engine")
-                      and r.params.get("sampling") == g.params.get("sampling")]
+                      and all(r.params.get(k) == g.params.get(k) for k in ("engine", "sampling", BATCH))]
         g.is_baseline = g.method == BASELINE
     _refuse_missing_baselines(groups)
 
@@ -320,16 +334,18 @@ def _give_vanilla_baselines(groups: list[Group], runs: list[Run]) -> None:
 def _refuse_missing_baselines(groups: list[Group]) -> None:
     """Every model and engine lacking a vanilla run in one message, with the runs that need it and the two fixes."""
     def where(g: Group) -> tuple:
-        return g.model, g.params.get("engine"), g.params.get("sampling")
+        return g.model, g.params.get("engine"), g.params.get("sampling"), g.batch_size
 
     missing = sorted({where(g) for g in groups if not g.baseline}, key=str)
     if missing:
         have = {m: [g.label for g in groups if where(g) == m] for m in missing}
         raise HarnessError("; ".join(f"no {BASELINE} run of model {m}" + (f" on engine {e}" if e else "")
                                      + (f" sampling at {s}" if s else "")
-                                     + f" (runs: {', '.join(have[m, e, s])})" for m, e, s in missing)
+                                     + (f" at runtime.{BATCH}={b}" if b not in (None, 1) else "")
+                                     + f" (runs: {', '.join(have[m, e, s, b])})" for m, e, s, b in missing)
                            + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}"
-                           + (", with the same sampling.* settings" if any(s for _, _, s in missing) else "")
+                           + (", with the same sampling.* settings" if any(s for _, _, s, _ in missing) else "")
+                           + (f", with the same runtime.{BATCH}" if any(b not in (None, 1) for *_, b in missing) else "")
                            + ") or name a baseline with --baseline RUN")
 
 

@@ -151,7 +151,7 @@ class Runner:
         self.stop_ids = stop_token_ids(self.model, self.tok)
         self.context = max_context(self.model, self.spec)
         self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
-                                          prompts=self.own_prompts, cache=CACHE))
+                                          prompts=self.own_prompts, cache=CACHE, batch_size=self.batch_size))
         self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
         # one proposer per slot (Proposer.fork: what the batch shares, what each slot keeps for itself)
         self.proposers = [self.proposer] + [self.proposer.fork() for _ in range(self.batch_size - 1)]

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 
 from evaluation.data import TASKS
-from evaluation.metrics import OVERALL, depth_acceptance, drafter_table, repeat_table
+from evaluation.metrics import OVERALL, batch_stats, crossover, depth_acceptance, drafter_table, repeat_table
 from evaluation.report_runs import Group, spec_bench_tokens_of
 
 TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
@@ -94,6 +94,74 @@ def drafter_markdown(long: pd.DataFrame) -> str:
         rows.append([str(r["model"]), str(r["method"]), str(r["drafter"]), str(int(r["steps"])),
                      f"{100 * r['share']:.1f}%", f"{r['mat']:.2f}", f"{r['nodes']:.1f}"])
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def batched(groups: list[Group]) -> bool:
+    """Whether a report's runs were decoded under load: at more than one batch size, or any above 1."""
+    sizes = {g.batch_size for g in groups} - {None}
+    return len(sizes) > 1 or any(s > 1 for s in sizes)
+
+
+UNDER_LOAD = ["throughput", "ttft_mean", "ttft_p50", "ttft_p90", "tpot_mean", "tpot_p50", "tpot_p90",
+              "forward_tokens", "padding"]
+
+
+def batch_table(groups: list[Group], stats: pd.DataFrame) -> pd.DataFrame:
+    """Long table of a batched report (``batched``), one row per group: model, method (its label without the batch
+    size), batch_size, baseline, mat (the main table's), the numbers under load of ``evaluation.metrics.batch_stats``
+    (repeats pooled) and speedup: its throughput over that of its baseline, vanilla at the same batch size. Empty
+    when the runs are not batched."""
+    cols = ["model", "method", "batch_size", "baseline", "mat", "speedup"] + UNDER_LOAD
+    if not batched(groups):
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for g in groups:
+        load = batch_stats(g.records)
+        base = batch_stats([r for b in g.baseline for r in b.records])["throughput"]
+        overall = stats[(stats["model"] == g.model) & (stats["method"] == g.label) & (stats["task"] == OVERALL)]
+        rows.append({"model": g.model, "method": g.series, "batch_size": g.batch_size, "baseline": g.is_baseline,
+                     "mat": overall["mat"].iloc[0],
+                     "speedup": load["throughput"] / base if load["throughput"] and base else math.nan,
+                     **{k: math.nan if load[k] is None else load[k] for k in UNDER_LOAD}})
+    return pd.DataFrame(rows, columns=cols)
+
+
+LOAD_COLUMNS = [(f"{name} {stat} (ms)", f"{name.lower()}_{stat}", ".1f", 1000) for name in ("TTFT", "TPOT")
+                for stat in ("mean", "p50", "p90")] + [("Forward tokens", "forward_tokens", ".1f", 1),
+                                                       ("Padding", "padding", ".1%", 1)]
+
+
+def batch_sizes(long: pd.DataFrame) -> list[int]:
+    """The batch sizes of ``batch_table``'s rows, in order."""
+    return sorted({int(b) for b in long["batch_size"].dropna()})
+
+
+def batch_markdown(long: pd.DataFrame, size: int) -> str:
+    """The rows of one batch size of ``batch_table``: MAT, throughput, speedup in throughput, TTFT and TPOT (ms),
+    forward tokens and the share of them that was padding; a missing number shows as "-"."""
+    def number(x, form: str, scale: float = 1, unit: str = "") -> str:
+        return "-" if _missing(x) else format(scale * x, form) + unit
+
+    header = ["Model", "Method", "MAT", "Throughput (tok/s)", "Speedup"] + [c[0] for c in LOAD_COLUMNS]
+    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)]
+    for _, r in long[long["batch_size"] == size].iterrows():
+        rows.append([str(r["model"]), str(r["method"]), number(r["mat"], ".2f"), number(r["throughput"], ".2f"),
+                     number(r["speedup"], ".2f", unit="×")]
+                    + [number(r[key], form, scale) for _, key, form, scale in LOAD_COLUMNS])
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, str]]:
+    """Per (model, method) of ``batch_table`` with a measured speedup: the batch size where it falls below 1.0x
+    (``evaluation.metrics.crossover``; None: it never does) and that as text: ``below 1.0× from B≈2.83``, or
+    ``above 1.0× up to B=16``."""
+    out = {}
+    methods = long[~long["baseline"].astype(bool) & long["speedup"].notna()]
+    for key, t in methods.groupby(["model", "method"], sort=False):
+        x, sizes = crossover(list(zip(t["batch_size"], t["speedup"]))), set(t["batch_size"])
+        out[key] = x, (f"above 1.0× up to B={max(sizes)}" if x is None else
+                       f"below 1.0× from B{'=' if x in sizes else '≈'}{x:.3g}")
+    return out
 
 
 def _missing(x) -> bool:

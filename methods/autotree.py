@@ -13,6 +13,10 @@ Two measurements, one model:
   engine on this device (``measure_cost``), taken when the run starts, at 256 cached
   tokens: each size's fastest of 5 repeats, fitted non-decreasing in N (noise must make
   neither a larger tree look cheaper nor one slow sample penalise every larger size).
+  Under load (``runtime.batch_size=B``) it is the cost of one forward verifying B rows of N
+  tokens each: every row gains E(n) tokens from it, and vanilla B tokens from ``c(1)``, so
+  the same choice applies, and as B grows and a forward's cost rises with N sooner, the
+  tree shrinks towards the plain step.
 
 For every number of drafts n, ``methods.tree.grow_tree`` gives the tree of n drafts with
 the largest expected accepted length ``E(n) = 1 + sum over nodes of the product of p along
@@ -34,7 +38,7 @@ import torch
 from methods.base import Draft
 from methods.engine.ops import sync
 from methods.tree import Tree, grow_tree
-from methods.verify import verify
+from methods.verify import Check, verify_rows
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 81)  # tokens per forward whose cost is measured
 CONTEXT = 256  # cached tokens when measuring cost
@@ -48,36 +52,39 @@ def star(n: int) -> Tree:
 
 
 @torch.inference_mode()
-def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5) -> list[dict]:
-    """Latency of verifying N tokens after C cached ones through ``engine``: ``ms`` the median of the
-    repeats, ``ms_min`` the fastest.
+def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5, rows: int = 1) -> list[dict]:
+    """Latency of verifying N tokens after C cached ones through ``engine`` (in each of ``rows`` rows at once, one
+    forward: a batch): ``ms`` the median of the repeats, ``ms_min`` the fastest.
 
     Each point runs the shared verifier on a star tree of N nodes (a root and N - 1
-    children), then drops the draft from the cache; one untimed run first.
+    children) in every row, then drops the drafts from the cache; one untimed run first.
     """
-    rows = []
+    out = []
     gen = torch.Generator().manual_seed(0)
     vocab, device = engine.model.config.vocab_size, engine.device
     for c in contexts:
-        engine.start(c + max(sizes))
-        engine.forward(torch.randint(vocab, (c,), generator=gen).to(device), last_only=True)
+        engine.start(c + max(sizes), rows=rows)
+        for row in range(rows):
+            engine.forward(torch.randint(vocab, (c,), generator=gen).to(device), row=row, last_only=True)
         for n in sizes:
-            draft = Draft(torch.randint(vocab, (n,), generator=gen).to(device), star(n).to(device))
+            checks = [Check(Draft(torch.randint(vocab, (n,), generator=gen).to(device), star(n).to(device)), row)
+                      for row in range(rows)]
             times = []
             for i in range(repeats + 1):
                 sync(device)
                 t = time.perf_counter()
-                verify(engine, draft)
+                verify_rows(engine, checks)
                 sync(device)
                 if i:
                     times.append(time.perf_counter() - t)
-                engine.commit(c, [])
-            rows.append({"context": c, "tokens": n, "ms": 1000 * statistics.median(times),
-                         "ms_min": 1000 * min(times)})
-    for r in rows:
-        plain = next(x["ms"] for x in rows if x["context"] == r["context"] and x["tokens"] == min(sizes))
+                for row in range(rows):
+                    engine.commit(c, [], row=row)
+            out.append({"context": c, "tokens": n, "rows": rows, "ms": 1000 * statistics.median(times),
+                        "ms_min": 1000 * min(times)})
+    for r in out:
+        plain = next(x["ms"] for x in out if x["context"] == r["context"] and x["tokens"] == min(sizes))
         r["vs_plain"] = r["ms"] / plain
-    return rows
+    return out
 
 
 def cost_curve(rows: list[dict]) -> dict[int, float]:

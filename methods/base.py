@@ -105,6 +105,7 @@ class Preparation:
     prompts: Callable[[int], list[list[int]]]  # the first n of the project's own prompts (never the benchmark's),
     #                                             as token ids in this model's chat template
     cache: Path  # the project's cache (HARNESS_CACHE): a method keeps what it measures once in a subfolder
+    batch_size: int = 1  # rows verified per forward (runtime.batch_size): what a step's cost is measured for
 
     def describe(self) -> str:
         """The model, device, threads and engine, for an artefact's description."""

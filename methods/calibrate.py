@@ -109,24 +109,26 @@ def auto_tree(tr, prep: Preparation) -> tuple[Tree, dict]:
     """The tree ``tr`` (a TokenRecycling with tree=auto) should draft with on this engine, and how it was
     chosen (for the run summary)."""
     cal = calibration(tr, prep)
-    rows = engine_cost(prep.engine)
+    rows = engine_cost(prep.engine, prep.batch_size)
     choice = choose_tree(cal["accept"], cost_curve(rows), tr.k, measured=cal["measured"])
     tree = choice.pop("tree")
     info = {**choice, "accept": [[round(x, 4) for x in row] for row in cal["accept"]], "calibration": cal["source"],
             "cost": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
-            "cpu_threads": torch.get_num_threads()}
+            "cpu_threads": torch.get_num_threads(), "batch_size": prep.batch_size}
     info["scores"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in s.items()} for s in info["scores"]]
     return tree, info
 
 
-_COSTS: dict[int, tuple[object, list[dict]]] = {}
+_COSTS: dict[tuple[int, int], tuple[object, list[dict]]] = {}
 
 
-def engine_cost(engine) -> list[dict]:
-    """``measure_cost`` of this engine, measured once per run (a hybrid's two drafters share it)."""
-    if id(engine) not in _COSTS or _COSTS[id(engine)][0] is not engine:
-        _COSTS[id(engine)] = (engine, measure_cost(engine))
-    return _COSTS[id(engine)][1]
+def engine_cost(engine, rows: int = 1) -> list[dict]:
+    """``measure_cost`` of this engine with ``rows`` rows per forward (the run's batch size: a tree is chosen for
+    what verifying rows x N tokens costs), measured once per run (a hybrid's two drafters share it)."""
+    key = (id(engine), rows)
+    if key not in _COSTS or _COSTS[key][0] is not engine:
+        _COSTS[key] = (engine, measure_cost(engine, rows=rows))
+    return _COSTS[key][1]
 
 
 # max_draft=auto (methods.proposers.sam): the retrieved chains of SAM alone with the reference's chain length, on
@@ -174,7 +176,7 @@ def chain_budget(proposer, prep: Preparation, other: tuple[float, int] | None = 
     from the cached chain statistics and this run's cost curve; ``other`` the (tokens, nodes) of a step without
     a chain, where the tree drafter knows them."""
     cal = chain_calibration(proposer, prep)
-    rows = engine_cost(prep.engine)
+    rows = engine_cost(prep.engine, prep.batch_size)
     choice = choose_chain_caps([tuple(c) for c in cal["chains"]], cal["other_steps"], cost_curve(rows),
                                proposer.threshold, cal["source"]["max_draft"], other)
     return {**choice, "calibration": cal["source"],

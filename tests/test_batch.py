@@ -119,3 +119,71 @@ def test_padding_is_counted(tiny_model):
     steps = [(r, s, n) for g in got for r, s, n in zip(g.batch_rows, g.forward_slots, g.draft_nodes) if r]
     assert all(s >= r * 1 and s >= n for r, s, n in steps)
     assert any(s > r * n for r, s, n in steps)  # PLD's drafts differ in size: some rows were padded
+
+
+# --- the runner: runtime.batch_size on the embedded model ------------------------------------------------------
+
+BATCH_RUN = ["bench.question_ids=[81,82,161,241,321]", "bench.max_new_tokens=10", "warmup=0", "runtime.progress=false"]
+TR = ["method=tr", "method.tree=grown-n30-d6", "runtime.batch_size=3"]
+
+
+@pytest.mark.slow
+def test_a_killed_batched_run_resumes_without_losing_or_repeating_an_answer(tmp_path, monkeypatch, reuse_embedded):
+    """Questions are written as their last turn finishes, whatever the other slots hold; a run killed after two
+    answers keeps them, and the rerun answers every other question once, each token-identical to vanilla's."""
+    from evaluation.answers import AnswerWriter, read_answers
+    from evaluation.config import compose_config
+    from evaluation.runner import run
+
+    ref = tmp_path / "vanilla"
+    run(compose_config([*BATCH_RUN, "method=vanilla"]), ref)
+    out, real_append, written = tmp_path / "tr", AnswerWriter.append, []
+
+    def append_then_kill(self, rec):
+        real_append(self, rec)
+        written.append(rec["question_id"])
+        if len(written) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(AnswerWriter, "append", append_then_kill)
+    with pytest.raises(KeyboardInterrupt):
+        run(compose_config([*BATCH_RUN, *TR]), out)
+    monkeypatch.setattr(AnswerWriter, "append", real_append)
+    assert [r["question_id"] for r in read_answers(out)] == written
+    run(compose_config([*BATCH_RUN, *TR]), out)
+    got, want = read_answers(out), read_answers(ref)
+    assert sorted(r["question_id"] for r in got) == sorted(r["question_id"] for r in want)  # each once
+    assert {r["question_id"]: r["choices"][0]["token_ids"] for r in got} == \
+        {r["question_id"]: r["choices"][0]["token_ids"] for r in want}
+    assert len({r["clock"]["segment"] for r in got}) == 2 and {r["clock"]["batch_size"] for r in got} == {3}
+    assert max(max(r["choices"][0].get("batch_rows", [1])) for r in got) == 3
+    multi = [r for r in got if len(r["choices"][0]["turns"]) == 2]
+    assert multi and all(r["clock"]["turns"][0][1] <= r["clock"]["turns"][1][0] for r in multi)  # turn 2 after 1
+
+
+def test_batch_stats_count_every_forward_once():
+    """Two rows sharing forwards: 3 forwards of width 4 (one a row alone), so 12 positions, 7 of them real."""
+    from evaluation.metrics import batch_stats
+
+    def rec(seg, turns, nodes, rows, slots, first, wall, new):
+        return {"clock": {"segment": seg, "turns": turns, "batch_size": 2},
+                "choices": [{"new_tokens": new, "wall_time": wall, "first_token_time": first,
+                             "draft_nodes": nodes, "batch_rows": rows, "forward_slots": slots}]}
+
+    records = [rec("a", [[0.0, 2.0]], [0, 4, 2], [0, 2, 2], [0, 8, 8], [0.5], [2.0], [9]),
+               rec("a", [[0.5, 3.0]], [0, 1, 4, 3], [0, 2, 2, 1], [0, 8, 8, 4], [1.0], [2.5], [6]),
+               rec("b", [[10.0, 11.0]], [0], [0], [0], [0.25], [1.0], [1])]
+    s = batch_stats(records)
+    assert s["throughput"] == 16 / (3.0 + 1.0)  # both parts of the run, each from its first start to its last end
+    assert s["forward_tokens"] == (8 + 8 + 4) / 3 and s["padding"] == pytest.approx(1 - 14 / 20)
+    assert s["ttft_p50"] == 0.5 and s["tpot_mean"] == pytest.approx(((2.0 - 0.5) / 8 + (2.5 - 1.0) / 5) / 2)
+
+
+def test_tree_cost_is_measured_for_the_batch(tiny_model):
+    """tree=auto's cost under load: one forward verifies every row's star of N tokens."""
+    from methods.autotree import measure_cost
+
+    engine = StaticEngine(tiny_model, pack=False)
+    rows = measure_cost(engine, sizes=(1, 4), contexts=(16,), repeats=1, rows=3)
+    assert [(r["rows"], r["tokens"]) for r in rows] == [(3, 1), (3, 4)] and engine.last_slots == 12
+    assert engine.cache.lengths == [16, 16, 16]  # the drafts were dropped again

@@ -212,6 +212,9 @@ def test_binary_and_malformed_files_are_one_line(tmp_path, run_error):
     (["bench.max_new_tokens=abc"], "bench.max_new_tokens must be an integer of at least 1, got 'abc'"),
     (["bench.limit_per_category=x"], "bench.limit_per_category must be an integer, got 'x'"),
     (["warmup=1.5"], "warmup must be an integer of at least 0, got 1.5"),
+    (["runtime.batch_size=0"], "runtime.batch_size must be an integer of at least 1 (the turns decoded at once), "
+                               "got 0"),
+    (["runtime.batch_size=3", "bench.question_ids=[81,82]"], "runtime.batch_size=3 but the run has 2 question(s)"),
     (["hydra.run.dir=/proc/self"], "cannot write to /proc/self"),  # exists, and no one may write there
 ])
 def test_bad_settings_are_one_line(run_error, args, message):

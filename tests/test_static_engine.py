@@ -59,9 +59,9 @@ def test_rejected_entries_stay_in_place_and_are_never_seen(tiny_model):
     st.forward(torch.arange(1, 11))
     tree = Tree.from_parents((-1, 0, 0, 0, 3))
     st.forward(torch.tensor([11, 50, 51, 12, 13]), tree)
-    keys_before = st.cache.keys[:, :, 14].clone()  # node 4's entry (slot 10 + 4)
+    keys_before = st.cache.keys[0][:, :, 14].clone()  # node 4's entry (slot 10 + 4)
     st.commit(10, [0, 3, 4])
-    assert st.length == 13 and torch.equal(st.cache.keys[:, :, 14], keys_before)  # left where it was
+    assert st.length == 13 and torch.equal(st.cache.keys[0][:, :, 14], keys_before)  # left where it was
     logits, _ = st.forward(torch.tensor([14]))
     ref = tiny_model(torch.tensor([list(range(1, 12)) + [12, 13, 14]])).logits[0, -1]
     _logits_close(logits[0], ref)
@@ -69,13 +69,13 @@ def test_rejected_entries_stay_in_place_and_are_never_seen(tiny_model):
 
 def test_static_kv_commit_moves_the_path():
     cache = kv.StaticKV(layers=2, kv_heads=1, head_dim=1, capacity=16, dtype=torch.float32, device="cpu")
-    cache.keys[:, 0, :, 0] = torch.arange(16.0)
+    cache.keys[0, :, 0, :, 0] = torch.arange(16.0)
     cache.commit(8, [0, 2, 5])
-    assert cache.length == 11 and cache.keys[0, 0, 8:11, 0].tolist() == [8.0, 10.0, 13.0]
+    assert cache.length == 11 and cache.keys[0, 0, 0, 8:11, 0].tolist() == [8.0, 10.0, 13.0]
     cache.commit(8, [0, 1])  # a prefix: no copy
-    assert cache.length == 10 and cache.keys[1, 0, 8:11, 0].tolist() == [8.0, 10.0, 13.0]
+    assert cache.length == 10 and cache.keys[0, 1, 0, 8:11, 0].tolist() == [8.0, 10.0, 13.0]
     cache.reserve(40)
-    assert cache.capacity >= 40 and cache.keys[0, 0, 9, 0] == 10.0
+    assert cache.capacity >= 40 and cache.keys[0, 0, 0, 9, 0] == 10.0 and cache.row(0)[0][0, 0, 9, 0] == 10.0
 
 
 def test_build_engine_refuses_what_cannot_work(tiny_model):
