@@ -4,7 +4,7 @@
 
 A lent GPU machine is bare (its own torch and transformers; no Hydra, OmegaConf or fastchat; no network)
 and gives a session minutes, so this script needs nothing but ``methods/`` and ``evaluation/shapes.py``,
-keeps to ``--budget`` (default 420 s), writes five files, and goes on past a failing step. Steps, by
+keeps to ``--budget`` (default 420 s), writes six files, and goes on past a failing step. Steps, by
 value:
 
 1. ``attention.csv``: which ``scaled_dot_product_attention`` kernel runs, and how fast, for a tree step
@@ -24,6 +24,11 @@ value:
    against hf, on random models of Vicuna-7B's and Llama-3-8B's shapes; the log projects TR's speedup for
    the paper tree (``--mat``, default the paper's Vicuna-7B MAT 2.70) and for tree=auto's choice (the
    acceptance table of our embedded model's probe run, ``data/trees/grown-n80-d6.json``: a stand-in).
+5. ``batch_cost.csv``: under load, the fp16 latency of one static-engine forward verifying B = 1, 4, 16, 64 rows of
+   N = 1, 8, 32, 81 tokens each, every row after its own 512 cached ones (``measure_cost`` with ``rows=B``), on a
+   random Vicuna-7B; per B, the same projection as step 4 from that B's cost curve: the paper tree's speedup
+   (``--mat`` x c(B, 1) / c(B, 81)) and tree=auto's choice and expected speedup. A forward's cost rises with N
+   sooner as B grows, so this is where TR's gain under batching is decided.
 
 ``gpu_check.log`` has everything printed, the environment first. ``--cpu`` is a dry run of every step on
 the CPU with tiny shapes (the tests run it: 16 new tokens, an 8192-token vocabulary), so that the script is
@@ -64,7 +69,8 @@ VARIANTS = [("sam_tr", {"merge": True, "threshold": 2})]  # chain and tree verif
 PROMPTS = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
 NEW_TOKENS = 48  # per prompt (--cpu: 16)
 VOCAB = None  # the random models' vocabulary: their shape's own (--cpu: 8192; Llama-3's 128k took half the dry run)
-PAPER_NODES = 81
+PAPER_NODES = 81  # the paper tree's 80 drafts and the root
+ACCEPT = ROOT / "data" / "trees" / "grown-n80-d6.json"  # its "source" holds the embedded model's acceptance table
 
 
 class Check:
@@ -297,8 +303,7 @@ def compiled(check: Check, arch: str) -> str:
 
 def cost(check: Check, shapes, small: bool, sizes, contexts, repeats: int, mat: float) -> str:
     dev, dtype = check.device, torch.float16
-    trees = json.loads((ROOT / "data" / "trees" / "grown-n80-d6.json").read_text())
-    accept = trees["source"]["accept"]  # the embedded model's acceptance: a stand-in for Vicuna's
+    accept = json.loads(ACCEPT.read_text())["source"]["accept"]  # the embedded model's: a stand-in for Vicuna's
     for shape in shapes:
         if check.left() < 30:
             print(f"{shape}: skipped (out of time)")
@@ -331,6 +336,42 @@ def cost(check: Check, shapes, small: bool, sizes, contexts, repeats: int, mat: 
     return "ok"
 
 
+def batch_cost(check: Check, shape: str, small: bool, batches, sizes, context: int, repeats: int, mat: float) -> str:
+    """Step 5: one static-engine forward verifying B rows of N tokens each (a star tree per row, each row after its
+    own ``context`` cached tokens), and per B the projection of step 4 from that B's cost curve: the paper tree at
+    ``mat`` and tree=auto's choice (each row gains E(n) tokens per forward, vanilla's one token at c(B, 1))."""
+    dev = check.device
+    if check.left() < 30:  # as step 4: not enough left to build the model and measure
+        return "skipped (out of time)"
+    accept = json.loads(ACCEPT.read_text())["source"]["accept"]
+    t = time.monotonic()
+    model = random_model(shape, small=small, dtype=torch.float16, device=dev)
+    engine = StaticEngine(model)
+    print(f"{shape}: random fp16 model built in {time.monotonic() - t:.1f} s; ms per forward of B rows x N tokens "
+          f"after {context} cached per row, and TR's projected speedup (paper tree at MAT {mat}; tree=auto)")
+    print(f"{'B':>4} " + "".join(f"{n:>9}" for n in sizes) + f"{'paper':>8}{'auto':>7}  auto drafts")
+    rows = []
+    for b in batches:
+        if check.left() < 20:
+            print(f"B = {b} and larger: skipped (out of time)")
+            break
+        measured = measure_cost(engine, sizes, [context], repeats, rows=b)
+        curve = cost_curve(measured)
+        paper = round(mat * curve[1] / curve[PAPER_NODES], 3) if max(curve) >= PAPER_NODES else ""
+        auto = choose_tree(accept, curve, 8)
+        rows += [{"batch": b, "nodes": r["tokens"], "tokens_per_forward": b * r["tokens"], "ms": round(r["ms"], 4),
+                  "ms_min": round(r["ms_min"], 4), "paper_speedup": paper, "auto_drafts": auto["drafts"],
+                  "auto_speedup": round(auto["expected_speedup"], 3)} for r in measured]
+        print(f"{b:>4} " + "".join(f"{r['ms']:>9.2f}" for r in measured) + (f"{paper:>8.2f}" if paper else f"{'-':>8}")
+              + f"{auto['expected_speedup']:>7.2f}  {auto['drafts']}", flush=True)
+    check.csv("batch_cost.csv", rows)
+    del engine, model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    done = len({r["batch"] for r in rows})
+    return "ok" if done == len(batches) else f"ok ({done} of {len(batches)} batch sizes: out of time)"
+
+
 def environment(device: torch.device) -> dict:
     import transformers
 
@@ -356,7 +397,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("gpu_check.log", "attention.csv", "methods.csv", "sampling.csv", "cost.csv"):
+    for f in ("gpu_check.log", "attention.csv", "methods.csv", "sampling.csv", "cost.csv", "batch_cost.csv"):
         (out / f).unlink(missing_ok=True)
     log = open(out / "gpu_check.log", "w", buffering=1)  # line by line: a hard timeout keeps what was said
     sys.stdout = Tee(sys.__stdout__, log)
@@ -377,6 +418,12 @@ def main(argv=None) -> int:
     else:
         check.run("4 cost curves (fp16, random Vicuna-7B and Llama-3-8B)", cost, ["vicuna-7b", "llama-3-8b-instruct"],
                   False, [1, 2, 4, 8, 16, 32, 48, 64, 81, 96, 128], [512, 1536], 10, args.mat)
+    if args.cpu:
+        check.run("5 batched cost (tiny shapes)", batch_cost, "vicuna-7b", True, [1, 2], [1, 4, PAPER_NODES], 64, 2,
+                  args.mat)
+    else:
+        check.run("5 batched cost (fp16, random Vicuna-7B, B rows x N tokens)", batch_cost, "vicuna-7b", False,
+                  [1, 4, 16, 64], [1, 8, 32, PAPER_NODES], 512, 10, args.mat)
     print("\n== summary")
     for name, verdict in check.results.items():
         print(f"{name}: {verdict}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prepared CUDA check (scripts/gpu_check.py): needs only torch and transformers, keeps to its budget
-# (7 minutes by default; the timeout below is the hard stop), and writes gpu_check.log plus four CSVs to OUT.
+# (7 minutes by default; the timeout below is the hard stop), and writes gpu_check.log plus five CSVs to OUT.
 #   scripts/gpu_check.sh [OUT] [extra arguments of scripts/gpu_check.py, e.g. --budget 300 or --cpu]
 # OUT defaults to $OUT (the lent machine's return folder) or results/gpu. PY: the Python with CUDA torch.
 set -uo pipefail

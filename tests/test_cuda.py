@@ -66,7 +66,7 @@ def test_eagle_head_on_an_fp16_cuda_target_keeps_fp32_rotary():
 
 @pytest.mark.slow  # the whole check in a subprocess
 def test_gpu_check_dry_run(tmp_path):
-    """The check, on the CPU with tiny shapes: every step passes, at most six files come back, and nothing it
+    """The check, on the CPU with tiny shapes: every step passes, its six files come back, and nothing it
     imports needs Hydra, OmegaConf or fastchat (a lent GPU machine has none of them)."""
     blocker = ("import sys, importlib.abc\n"
                "class Block(importlib.abc.MetaPathFinder):\n"
@@ -80,9 +80,14 @@ def test_gpu_check_dry_run(tmp_path):
     p = subprocess.run([sys.executable, "-c", blocker], cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted(f.name for f in tmp_path.iterdir())
-    assert files == ["attention.csv", "cost.csv", "gpu_check.log", "methods.csv", "sampling.csv"]
+    assert files == ["attention.csv", "batch_cost.csv", "cost.csv", "gpu_check.log", "methods.csv", "sampling.csv"]
     log = (tmp_path / "gpu_check.log").read_text()
     assert "FAILED" not in log and "4 cost curves (tiny shapes): ok" in log
+    assert "5 batched cost (tiny shapes): ok" in log
+    batched = rows(tmp_path / "batch_cost.csv")  # B x N, each B's projection beside its times
+    assert [(int(r["batch"]), int(r["nodes"])) for r in batched] == [(b, n) for b in (1, 2) for n in (1, 4, 81)]
+    assert all(float(r["ms"]) > 0 and int(r["tokens_per_forward"]) == int(r["batch"]) * int(r["nodes"])
+               and float(r["paper_speedup"]) > 0 and float(r["auto_speedup"]) >= 1 for r in batched)
     assert {r["method"] for r in rows(tmp_path / "methods.csv")} == set(known_methods())  # every registered one
     sampled = rows(tmp_path / "sampling.csv")
     assert {r["method"] for r in sampled} == set(known_methods()) and all(r["equal"] == "True" for r in sampled)
