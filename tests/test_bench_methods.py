@@ -52,3 +52,41 @@ def test_a_method_in_another_dtype_is_checked_against_its_own_vanilla(tmp_path, 
         assert summary["environment"]["dtype"] == dtype and summary["environment"]["cpu"] == machine.cpu()
         assert (out / label / "config.yaml").is_file()  # evaluation.equal rebuilds the model from it
     assert f"against {bf16}:" in text and machine.describe(machine.cpu()) in text
+
+
+def test_batched_side_by_side_with_generate(tmp_path, capsys, monkeypatch):
+    """--batch 2: every method (generate too) decodes at batch 2 and says so in its config; each chunk of questions
+    is its own clock segment, so that a method's throughput counts only its own decoding time."""
+    import time
+
+    import yaml
+
+    from evaluation.metrics import batch_stats
+    from scripts import bench_methods
+
+    monkeypatch.setattr(bench_methods, "CHUNK", 1)  # chunks of 2 questions: two of them, the order rotating
+    out = tmp_path / "bench"
+    t = time.perf_counter()
+    rc = main(["method=vanilla", "method=tr", "--bench", "spec_bench_smoke", "--warmup", "0", "--batch", "2",
+               "--set", "bench.question_ids=[81,161,321,401]", "bench.max_new_tokens=8", "--generate",
+               "--out", str(out)])
+    elapsed = time.perf_counter() - t
+    text = capsys.readouterr().out
+    assert "tr: 5/5 turns token-identical to vanilla" in text
+    verdict = next(line for line in text.splitlines() if line.startswith("generate: "))
+    assert "turns token-identical to vanilla" in verdict and rc == (1 if "NOT LOSSLESS" in text else 0)
+    records = {label: read_answers(out / label) for label in ("vanilla", "tr", "generate")}
+    spans = 0.0
+    for label, recs in records.items():
+        assert yaml.safe_load((out / label / "config.yaml").read_text())["runtime"]["batch_size"] == 2
+        assert {r["clock"]["batch_size"] for r in recs} == {2} and len({r["clock"]["segment"] for r in recs}) == 2
+        spans += sum(sum(r["choices"][0]["new_tokens"]) for r in recs) / batch_stats(recs)["throughput"]
+        if label != "generate":
+            assert any(2 in r["choices"][0]["batch_rows"] for r in recs)
+    assert spans < elapsed  # each method's seconds are its own chunks': together no more than the whole run
+    first, second = (r["choices"][0] for r in records["generate"][:2])  # questions 81 (two turns) and 161
+    assert first["wall_time"][0] == second["wall_time"][0] and len(first["wall_time"]) == 2  # one generate call
+    assert first["first_token_time"] == [None, None] and set(first["accept_lengths"]) == {1}
+    rates = pd.read_csv(out / "throughput.csv").set_index("method")
+    assert list(rates.index) == ["vanilla", "tr", "generate"] and (rates["tokens/s"] > 0).all()
+    assert rates.loc["generate", "vs generate"] == 1 and "throughput at batch 2" in text
