@@ -65,9 +65,9 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   that per further token, each as mean, p50 and p90 over turns; ``forward_tokens`` = the token positions one
   verifying forward computed (the batch's rows times its widest draft), averaged over forwards; ``padding`` = the
   share of those that were padding (rows' drafts narrower than the widest, slots with no request). A step of a
-  forward that verified r rows counts 1/r of it, so that every forward counts once. The speedup under load is the
-  method's throughput over vanilla's at the same batch size. Repeats of one configuration are pooled as the parts of
-  one run.
+  forward that verified r rows counts 1/r of it, so that every forward counts once. The speedup under load
+  (``load_speedup``) is the method's throughput over vanilla's at the same batch size. Repeats of one configuration
+  are pooled as the parts of one run.
 * **crossover** (``crossover``) of a method measured at several batch sizes: the first batch size at which its speedup
   under load falls below 1.0, interpolated linearly in log2 of the batch size between the measured point before (at
   or above 1.0) and the first one below (1.5x at B=2 and 0.5x at B=8 cross at B=4); the smallest batch size measured
@@ -279,12 +279,13 @@ def batch_stats(records: list[dict]) -> dict:
                 ttft.append(first)
                 if n > 1:
                     tpot.append((wall - first) / (n - 1))
-        rows = c.get("batch_rows") or [int(n > 0) for n in c.get("draft_nodes", [])]
-        for rows_, nodes, width in zip(rows, c.get("draft_nodes", []), c.get("forward_slots") or c.get("draft_nodes", [])):
-            if rows_:  # the prefill forwards alone, outside the batch
-                forwards += 1 / rows_
-                slots += width / rows_
-                real += nodes
+        nodes = c.get("draft_nodes", [])
+        rows = c.get("batch_rows") or [int(n > 0) for n in nodes]  # one row alone where not batched
+        for r, n, width in zip(rows, nodes, c.get("forward_slots") or nodes):
+            if r:  # the prefill forwards alone, outside the batch
+                forwards += 1 / r
+                slots += width / r
+                real += n
     seconds = sum(end - start for start, end in spans.values())
     out = {"batch_size": size, "throughput": tokens / seconds if spans and seconds > 0 else None,
            "forward_tokens": slots / forwards if forwards else None,
@@ -295,6 +296,14 @@ def batch_stats(records: list[dict]) -> dict:
                     f"{name}_p50": float(np.percentile(v, 50)) if len(v) else None,
                     f"{name}_p90": float(np.percentile(v, 90)) if len(v) else None})
     return out
+
+
+def load_speedup(records: list[dict], baseline: list[dict]) -> float | None:
+    """The module's speedup under load: the throughput (``batch_stats``) of ``records`` over that of ``baseline``,
+    vanilla at the same batch size (the callers' consistency check holds them to it); None where either recorded no
+    clock."""
+    ours, theirs = batch_stats(records)["throughput"], batch_stats(baseline)["throughput"]
+    return ours / theirs if ours and theirs else None
 
 
 def crossover(points: list[tuple[int, float]]) -> float | None:

@@ -53,19 +53,21 @@ from evaluation.tables import (batch_markdown, batch_sizes, batch_table, crossov
                                drafter_markdown, drafter_stats, main_table, task_stats, to_latex, to_markdown)
 from methods.common import RESULTS, exit_on_error, write_json_atomic, write_text_atomic
 
+
 def batch_note(batch, figure: bool) -> str | None:
     """What a report of batched runs (``evaluation.tables.batch_table``) adds, for the lines under its main table;
     None for runs at batch size 1 only. ``figure``: whether ``speedup_vs_batch`` is drawn."""
     if not len(batch):
         return None
-    multi = batch["model"].nunique() > 1
+    sizes, multi = batch_sizes(batch), batch["model"].nunique() > 1
     crossing = "; ".join(f"{method}{f' · {model}' if multi else ''} {text}"
                          for (model, method), (_, text) in crossovers(batch).items())
-    return (f"Under load (runtime.batch_size {', '.join(map(str, batch_sizes(batch)))}): per batch size, MAT, "
-            f"throughput, its speedup over vanilla at the same batch size, TTFT, TPOT, forward tokens and padding in "
-            f"batch_size_B.md and .csv" + (", the speedup against the batch size in speedup_vs_batch" if figure else "")
-            + (f" (crossovers: {crossing})" if crossing else "") + ". The main table's tokens/s and speedups are per "
-            f"request (each turn's tokens over its own wall time).")
+    return (f"Under load (runtime.batch_size {', '.join(map(str, sizes))}): MAT, throughput, its speedup over vanilla "
+            f"at the same batch size, TTFT, TPOT, forward tokens and padding per batch size in "
+            + ", ".join(f"batch_size_{b}.md" for b in sizes) + " (and .csv)"
+            + (", the speedup against the batch size in speedup_vs_batch" if figure else "")
+            + (f" (crossovers: {crossing})" if crossing else "")
+            + ". The main table's tokens/s and speedups are per request (each turn's tokens over its own wall time).")
 
 
 INTERVALS = (f"In brackets: 95% intervals, paired bootstrap over questions ({RESAMPLES} resamples within each task, "
@@ -75,9 +77,9 @@ INTERVALS = (f"In brackets: 95% intervals, paired bootstrap over questions ({RES
 def report(paths: list[str], out: Path, baseline: str | None = None, figures: bool = True,
            mixed_machines: bool = False, allow_unfinished: bool = False) -> dict:
     """Build everything; returns {"table": main table, "stats": per-task table, "groups": the rows' runs,
-    "batch": the numbers under load of batched runs (empty for batch size 1), "files": [written paths], "notes": what
-    the tables' readers must know}. Runs that cannot be compared
-    (``evaluation.consistency``) are refused before anything is written."""
+    "batch": the numbers under load of batched runs (empty at batch size 1), "files": [written paths], "notes": what
+    the tables' readers must know}. Runs that cannot be compared (``evaluation.consistency``) are refused before
+    anything is written."""
     groups = group_runs(collect(paths), collect([baseline]) if baseline else None)
     unfinished = check_runs(groups, allow_unfinished)
     if not mixed_machines:

@@ -226,8 +226,8 @@ def side(run: Run) -> Side:
 
 def check_runs(groups: list[Group], allow_unfinished: bool = False) -> str | None:
     """The consistency rule (``evaluation.consistency``) on a table: every row shares the questions and the new
-    tokens of the caption, and each row's model, sampling settings and batch size are its baseline's. Returns the note the
-    caption needs for unfinished runs (allowed), else None."""
+    tokens of the caption, and each row's model, sampling settings and batch size are its baseline's. Returns the
+    note the caption needs for unfinished runs (allowed), else None."""
     runs = list({id(r): r for g in groups for r in g.baseline + g.runs}.values())
     fix = "report runs made with the same settings together (a table has one caption), or each set apart"
     note = check([side(r) for r in runs], ("questions", "max_new_tokens"), allow_unfinished, fix).note
@@ -345,7 +345,8 @@ def _refuse_missing_baselines(groups: list[Group]) -> None:
                                      + f" (runs: {', '.join(have[m, e, s, b])})" for m, e, s, b in missing)
                            + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}"
                            + (", with the same sampling.* settings" if any(s for _, _, s, _ in missing) else "")
-                           + (f", with the same runtime.{BATCH}" if any(b not in (None, 1) for *_, b in missing) else "")
+                           + (f", with the same runtime.{BATCH}" if any(b not in (None, 1) for *_, b in missing)
+                              else "")
                            + ") or name a baseline with --baseline RUN")
 
 

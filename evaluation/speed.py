@@ -6,7 +6,9 @@ RUN and BASELINE_RUN are run folders or answer files. Questions are paired by id
 Prints a markdown table and saves speed.csv and speed.md (default: beside the
 first RUN). Definitions live in evaluation.metrics. Runs that sampled (their records'
 ``sampling`` settings) get a ``sampling`` column, and each must have a baseline with the same
-settings: a speedup compares two ways of computing the same sample.
+settings: a speedup compares two ways of computing the same sample. Runs decoded under load
+(``runtime.batch_size`` above 1) get, on their overall row, their throughput and its speedup over
+the baseline's (``evaluation.metrics.batch_stats``, ``load_speedup``; the baseline at the same batch size).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pandas as pd
 
 from evaluation.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
 from evaluation.consistency import Side, check
-from evaluation.metrics import task_table
+from evaluation.metrics import OVERALL, batch_stats, load_speedup, task_table
 from evaluation.report_runs import disturbance_note, sampling_label, spec_bench_tokens_of
 from methods.common import HarnessError, exit_on_error, write_text_atomic
 
@@ -28,6 +30,7 @@ COLUMNS = {  # in this order; the 95% intervals of MAT and speedup (evaluation.m
     "speedup": "speedup", "speedup_lo": "speedup 95% low", "speedup_hi": "speedup 95% high",
     "mean_q_tok_per_s": "mean per-question tokens/s", "baseline_mean_q_tok_per_s": "baseline mean per-question tokens/s",
     "speedup_specbench": "speedup (Spec-Bench)",
+    "throughput": "throughput (tokens/s)", "throughput_speedup": "speedup in throughput",  # batched runs only
 }
 
 
@@ -73,6 +76,7 @@ def speed_table(runs: list[str], baseline: str | None, allow_unfinished: bool = 
         t.insert(0, "method", name)
         t.insert(1, "sampling", sampling)
         tables.append(t)
+    _under_load(tables, records, base)
     table = pd.concat(tables, ignore_index=True)
     table = table[[c for c in table.columns if c in ("method", "sampling", "task") or c in COLUMNS]]
     rows = list(zip(table["method"], table["task"], table["speedup"], table["mat"])) if "speedup" in table else []
@@ -80,6 +84,19 @@ def speed_table(runs: list[str], baseline: str | None, allow_unfinished: bool = 
     table = table.rename(columns=COLUMNS)
     table = table if (table["sampling"] != "greedy").any() else table.drop(columns="sampling")
     return table, notes + ([busy] if busy else [])
+
+
+def _under_load(tables: list[pd.DataFrame], records: list[list[dict]], base: list[dict] | None) -> None:
+    """When a run was batched, every run's throughput and its speedup over the baseline's, on its overall row (a
+    throughput is the whole run's: the tasks' turns overlapped); "-" where a run recorded no clock."""
+    loads = [batch_stats(recs) for recs in records]
+    if not any((s["batch_size"] or 1) > 1 for s in loads):
+        return
+    for t, recs, s in zip(tables, records, loads):
+        t["throughput"] = [(s["throughput"] or "-") if task == OVERALL else "" for task in t["task"]]
+        if base is not None:
+            speedup = load_speedup(recs, base) or "-"
+            t["throughput_speedup"] = [speedup if task == OVERALL else "" for task in t["task"]]
 
 
 def _side(path: str, records: list[dict]) -> Side:

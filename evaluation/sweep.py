@@ -4,8 +4,10 @@
 
 A multirun (``python -m evaluation.run experiment=tr_k``) writes this table by
 itself when it ends (the ``SweepTable`` Hydra callback), as ``sweep.csv`` and
-``sweep.md`` in the sweep folder, and, given a baseline, the ``evaluation.report``
-tables and figures in ``report/`` beside them. Numbers come from ``evaluation.metrics``.
+``sweep.md`` in the sweep folder, and, given a baseline or when the sweep holds
+vanilla runs, the ``evaluation.report`` tables and figures in ``report/`` beside them
+(a sweep of several vanilla runs, as ``experiment=batch_sweep``'s one per batch size:
+the report pairs each run with its own). Numbers come from ``evaluation.metrics``.
 Every sweep writes a new folder (its time in the name; a killed sweep resumes with
 ``hydra.sweep.dir=THAT_FOLDER``), each job starts with the line ``sweep job I of N``,
 and a folder whose runs differ in model, questions or new tokens, or are unfinished, is
@@ -41,7 +43,7 @@ def _summary(run: Path) -> dict:
 
 def sweep_table(root: Path, baseline: str | None, allow_unfinished: bool = False) -> tuple[pd.DataFrame, str | None]:
     """The table, and the note it needs for unfinished runs (``allow_unfinished``). The runs of one table must
-    share model, questions and new tokens, and each must have the baseline's sampling settings
+    share model, questions and new tokens, and each must have the baseline's sampling settings and batch size
     (``evaluation.consistency``): a sweep folder reused with other settings is refused, not mixed."""
     runs = find_runs(root)
     if not runs:
@@ -53,7 +55,8 @@ def sweep_table(root: Path, baseline: str | None, allow_unfinished: bool = False
     fix = "tabulate each sweep in its own folder (every sweep writes a new one)"
     note = check(sides + base_side, ("model", "questions", "max_new_tokens"), allow_unfinished, fix).note
     for side in sides if baseline else []:
-        check([side] + base_side, ("sampling",), True, "give as report.baseline a vanilla run of its sampling settings")
+        check([side] + base_side, ("sampling", "batch_size"), True,
+              "give as report.baseline a vanilla run of its sampling settings and batch size")
     rows = []
     for run, side in zip(runs, sides):
         summary = side.summary
@@ -78,19 +81,19 @@ def write_table(root: Path, baseline: str | None, allow_unfinished: bool = False
     if baseline and not (Path(baseline).is_file() or (Path(baseline) / ANSWERS).is_file()):
         print(f"note: baseline {baseline} not found, so no speedup column; run vanilla on the same bench first")
         baseline = None
-    if not baseline:
-        vanilla = [run for run in find_runs(root) if _summary(run).get("method") == "vanilla"]
-        baseline = str(vanilla[0]) if len(vanilla) == 1 else None
+    vanilla = [] if baseline else [run for run in find_runs(root) if _summary(run).get("method") == "vanilla"]
+    if len(vanilla) == 1:
+        baseline = str(vanilla[0])
     table, note = sweep_table(root, baseline, allow_unfinished)
     md = markdown(table) + (f"\n\n{note}" if note else "")
     write_text_atomic(root / "sweep.csv", table.to_csv(index=False))
     write_text_atomic(root / "sweep.md", md + "\n")
     print(md)
     print(f"-> {root / 'sweep.csv'}, {root / 'sweep.md'}")
-    if baseline:  # the paper outputs too: main table and figures (the ablation curves among them)
+    if baseline or vanilla:  # the paper outputs too: main table and figures (the ablation curves among them)
         from evaluation.report import report
 
-        try:
+        try:  # several vanilla runs: the report gives each run its own (model, engine, sampling, batch size)
             files = report([str(root)], root / "report", baseline, allow_unfinished=allow_unfinished)["files"]
             print(f"-> {root / 'report'}: {', '.join(f.name for f in files)}")
         except HarnessError as e:

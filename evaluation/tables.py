@@ -6,7 +6,8 @@ import math
 import pandas as pd
 
 from evaluation.data import TASKS
-from evaluation.metrics import OVERALL, batch_stats, crossover, depth_acceptance, drafter_table, repeat_table
+from evaluation.metrics import (OVERALL, batch_stats, crossover, depth_acceptance, drafter_table, load_speedup,
+                                repeat_table)
 from evaluation.report_runs import Group, spec_bench_tokens_of
 
 TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
@@ -109,19 +110,18 @@ UNDER_LOAD = ["throughput", "ttft_mean", "ttft_p50", "ttft_p90", "tpot_mean", "t
 def batch_table(groups: list[Group], stats: pd.DataFrame) -> pd.DataFrame:
     """Long table of a batched report (``batched``), one row per group: model, method (its label without the batch
     size), batch_size, baseline, mat (the main table's), the numbers under load of ``evaluation.metrics.batch_stats``
-    (repeats pooled) and speedup: its throughput over that of its baseline, vanilla at the same batch size. Empty
-    when the runs are not batched."""
+    (repeats pooled) and speedup (``load_speedup``: over its baseline, vanilla at the same batch size). Empty when the
+    runs are not batched."""
     cols = ["model", "method", "batch_size", "baseline", "mat", "speedup"] + UNDER_LOAD
     if not batched(groups):
         return pd.DataFrame(columns=cols)
     rows = []
     for g in groups:
         load = batch_stats(g.records)
-        base = batch_stats([r for b in g.baseline for r in b.records])["throughput"]
+        speedup = load_speedup(g.records, [r for b in g.baseline for r in b.records])
         overall = stats[(stats["model"] == g.model) & (stats["method"] == g.label) & (stats["task"] == OVERALL)]
         rows.append({"model": g.model, "method": g.series, "batch_size": g.batch_size, "baseline": g.is_baseline,
-                     "mat": overall["mat"].iloc[0],
-                     "speedup": load["throughput"] / base if load["throughput"] and base else math.nan,
+                     "mat": overall["mat"].iloc[0], "speedup": math.nan if speedup is None else speedup,
                      **{k: math.nan if load[k] is None else load[k] for k in UNDER_LOAD}})
     return pd.DataFrame(rows, columns=cols)
 

@@ -144,8 +144,9 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
     model, corpus (its ``corpus_digest``) and SAM settings (the embedded model's defaults come with the
     project)."""
     corpus = proposer.corpus_digest or "none"
+    walk = proposer.retrieval.walk  # where a chain starts (methods.proposers.sam.Retrieval): what it drafts
     name = (f"{prep.model_name}-sam-{corpus}-t{proposer.threshold}-b{proposer.static_bias}-a{proposer.alpha:g}-"
-            f"n{proposer.longest}-{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json")
+            f"n{proposer.longest}-w{'none' if walk is None else walk}-{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json")
     file = prep.cache / "autotree" / name
     for known in (file, SHIPPED / name):
         if known.is_file():
@@ -162,7 +163,7 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
              "source": {"prompts": f"evaluation.own_prompts.calibration_prompts({CHAIN_PROMPTS})",
                         "max_new_tokens": CHAIN_TOKENS, "max_draft": probe.max_draft,
                         "threshold": proposer.threshold, "static_bias": proposer.static_bias,
-                        "alpha": proposer.alpha,
+                        "alpha": proposer.alpha, "walk": walk,
                         "corpus": proposer.corpus_file, "corpus_sha256": corpus,
                         "measured_on": {"device": str(engine.device), "dtype": str(engine.dtype),
                                         "engine": type(engine).__name__, "threads": torch.get_num_threads(),

@@ -1,4 +1,10 @@
-"""The one decode loop every method runs.
+"""The one decode loop every method runs, at every batch size.
+
+``decode_batch`` decodes requests in B slots at once (``runtime.batch_size``; continuous batching: a finished slot
+takes the next request); ``generate`` is it with one slot. Each slot's request follows the steps below on its own,
+except that one forward verifies every busy slot's draft (``methods.verify.verify_rows``); its counts are a lone
+request's, and each step also records the rows its forward verified and the token positions it computed
+(``Generation.batch_rows``, ``forward_slots``: batched runs only), each turn its first token's time and its clock.
 
 Token counting, the same for every method: the prefill forward yields the first
 new token and counts as a step of accept length 1; every later step commits its
@@ -112,7 +118,7 @@ class _Row:
         self.ids = torch.empty(self.n_prompt + self.max_new, dtype=torch.long, device=engine.device)
         self.ids[:self.n_prompt] = torch.tensor(request.prompt_ids)
         self.new: list[int] = []
-        self.tail: list[int] = []  # forwarded tokens past the answer: the last step's beyond its end, then the extra forwards'
+        self.tail: list[int] = []  # forwarded tokens past the answer: the last step's beyond its end, then the extras'
         self.accept_lengths: list[int] = []
         self.nodes: list[int] = []
         self.depths: list[int] = []
@@ -163,8 +169,8 @@ class _Row:
             self.nodes.append(0), self.depths.append(0), self.info.append(None)
             self.rows.append(0), self.slots.append(0)
             sampler = self.sampler
-            first = logits[-1].argmax() if sampler is None else sampler.draw(logits[-1:], ZERO.to(engine.device), 0, 0)[0]
-            first = int(first)
+            last = logits[-1:]
+            first = int(last[0].argmax() if sampler is None else sampler.draw(last, ZERO.to(engine.device), 0, 0)[0])
             if self.ending is not None:  # the prefill commits the prompt, so only its bonus can stop the reference
                 self.produced = 1
                 self.stopped = self.ending.ends([], first, self.produced, self.max_new, self.stop_ids)[0]

@@ -41,7 +41,8 @@ class HFEngine(Engine):
     def _run(self, tokens, cache, past, tree, last_only, hidden):
         kwargs = {}
         if tree is not None and not tree.is_chain:
-            kwargs = dict(position_ids=(tree.depth + past).view(1, -1), attention_mask=tree_mask(tree, past, self.dtype))
+            kwargs = dict(position_ids=(tree.depth + past).view(1, -1),
+                          attention_mask=tree_mask(tree, past, self.dtype))
         out = self.model(input_ids=tokens.view(1, -1), past_key_values=cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **kwargs)
         if isinstance(hidden, tuple):

@@ -219,7 +219,7 @@ class StaticEngine(Engine):
         return mask
 
     def _positions(self, past: int, n: int, tree: Tree | None, size: int) -> torch.Tensor:
-        """[size] positions of ``n`` new tokens after ``past`` (a tree's nodes at ``past + depth``), padding at ``past``."""
+        """[size] positions of ``n`` new tokens after ``past`` (a tree's nodes at ``past + depth``); padding: ``past``."""
         if tree is None or tree.is_chain:
             positions = torch.arange(past, past + n, device=self.device)
         else:
