@@ -171,21 +171,23 @@ class Counting(Engine):
     def __init__(self):
         self.cached = 0
 
-    def start(self, capacity: int) -> None:
+    def start(self, capacity: int, rows: int = 1) -> None:
         self.cached = 0
 
-    @property
-    def length(self) -> int:
+    def open(self, row: int, capacity: int) -> None:
+        self.cached = 0
+
+    def length_of(self, row: int) -> int:
         return self.cached
 
-    def forward(self, tokens, tree=None, *, last_only=False, hidden=False):
+    def forward(self, tokens, tree=None, *, row=0, last_only=False, hidden=False):
         logits = torch.zeros(len(tokens), self.vocab)
         rows = torch.arange(len(tokens))
         logits[rows, (tokens + 1) % self.vocab], logits[rows, (tokens + 3) % self.vocab] = 2.0, 1.0
         self.cached += len(tokens)
         return (logits[-1:] if last_only else logits), None
 
-    def commit(self, start: int, path: list[int]) -> None:
+    def commit(self, start: int, path: list[int], row: int = 0) -> None:
         self.cached = start + len(path)
 
 
