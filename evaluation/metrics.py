@@ -57,7 +57,8 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   waited for a CPU (summed over the threads and turns) / its wall time; ``others`` = the cores other
   processes used meanwhile (time-weighted mean); ``step_spread`` = the slowest turn's
   time per decoding step over the median turn's (turns of at least 4 steps after the
-  prefill), a signal that old runs and foreign files carry too.
+  prefill; not in batched runs, where a turn waits for the rows beside it), a signal that
+  old runs and foreign files carry too.
 * **under load** (``batch_stats``; batched runs, ``runtime.batch_size``, and every run that records its ``clock``):
   ``throughput`` = all new tokens / the seconds the run spent decoding (per process part of the run, ``clock.segment``:
   its last turn's end less its first turn's start, summed over the parts, so a resumed run adds its parts up);
@@ -243,6 +244,7 @@ def load_stats(records: list[dict]) -> dict:
     per_step, recorded = [], True
     for r in records:
         c = r["choices"][0]
+        batched = (r.get("clock") or {}).get("batch_size", 1) > 1  # a turn's time there is its batch's too
         recorded = recorded and "cpu_wait" in c
         if recorded:
             wall += sum(c["wall_time"])
@@ -250,7 +252,7 @@ def load_stats(records: list[dict]) -> dict:
             others += sum(o * t for o, t in zip(c["cpu_others"], c["wall_time"]))
         for turn, (seconds, steps) in enumerate(zip(c.get("decode_time", []), c["decoding_steps"])):
             steps -= bool(c.get("prefill_step", [False] * (turn + 1))[turn])
-            if steps >= 4:
+            if steps >= 4 and not batched:
                 per_step.append(seconds / steps)
     recorded = recorded and wall > 0
     return {"wait_share": wait / wall if recorded else None, "others": others / wall if recorded else None,

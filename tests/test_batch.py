@@ -187,3 +187,31 @@ def test_tree_cost_is_measured_for_the_batch(tiny_model):
     rows = measure_cost(engine, sizes=(1, 4), contexts=(16,), repeats=1, rows=3)
     assert [(r["rows"], r["tokens"]) for r in rows] == [(3, 1), (3, 4)] and engine.last_slots == 12
     assert engine.cache.lengths == [16, 16, 16]  # the drafts were dropped again
+
+
+def test_a_batched_turns_time_is_not_read_as_a_slow_step():
+    """In a batch a turn's wall time includes the rows beside it (a short answer waits for none, but shares every
+    forward): the busy-machine signal of a turn much slower per step than the median is not taken from it."""
+    from evaluation.metrics import load_stats
+
+    def rec(batch, seconds):
+        return {"clock": {"segment": "a", "turns": [[0.0, seconds]], "batch_size": batch},
+                "choices": [{"decode_time": [seconds], "decoding_steps": [9], "prefill_step": [True],
+                             "wall_time": [seconds], "new_tokens": [9]}]}
+
+    alone = [rec(1, 1.0), rec(1, 1.0), rec(1, 9.0)]
+    assert load_stats(alone)["step_spread"] == 9.0
+    assert load_stats([rec(8, s) for s in (1.0, 1.0, 9.0)])["step_spread"] is None
+
+
+def test_packed_weights_serve_the_forwards_they_won():
+    """engine.pack=auto on a machine where plain won one token and packed won 8 and 32 (an AMX Xeon, fp32): the
+    batch's many-token forwards get the packed kernel, a lone sequence's one-token steps the plain one."""
+    from methods.engine.tuning import pack_from
+
+    amx = {"pack": False, "ms": {"packed": {"1": 39.9, "8": 47.7, "32": 75.2}, "plain": {"1": 29.4, "8": 54.5,
+                                                                                     "32": 76.8}}}
+    assert pack_from(amx) == 8
+    assert pack_from({"pack": True, "ms": {"packed": {1: 1.0, 8: 3.0}, "plain": {1: 2.0, 8: 2.0}}}) is None
+    assert pack_from({"pack": True, "ms": {"packed": {1: 1.0, 8: 1.0}, "plain": {1: 2.0, 8: 2.0}}}) == 1
+    assert pack_from({"pack": True}) == 1 and pack_from({"pack": False}) is None  # no times: as it says

@@ -34,19 +34,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class Linear:
     """``x @ W.T + b``; on the CPU (fp32, bf16) with W pre-packed once for oneDNN (``can_pack``) when ``pack``
-    (``use_packed`` switches between the two while ``choose_pack`` times them)."""
+    (``use_packed`` switches between the two while ``choose_pack`` times them), for inputs of at least ``pack_from``
+    rows (tokens): the packed kernel can lose on one token and win on many."""
 
     def __init__(self, layer: torch.nn.Linear, pack: bool):
         self.weight, self.bias = layer.weight, layer.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach()) if pack else None
         self.use_packed = pack
+        self.pack_from = 1
 
     def unpack(self) -> None:
         """Plain weights from now on (the packed copy dropped)."""
         self.use_packed, self.packed = False, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.use_packed:
+        if not self.use_packed or x.numel() < self.pack_from * x.shape[-1]:
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], y.shape[-1])

@@ -115,7 +115,8 @@ class StaticEngine(Engine):
         self.set_threads(threads)  # first: the pack choice is timed, and cached, for the thread count used
         if auto and self.pack:  # measured; not under compile, whose graphs take the plain weights
             self.pack_choice = choose_pack(self)
-            self._use_pack(self.pack_choice["pack"])
+            start = self.pack_choice.get("pack_from")
+            self._use_pack(start is not None, start or 1)
             if not self.pack:
                 for lin in self._linears():
                     lin.packed = None  # not kept twice
@@ -179,9 +180,10 @@ class StaticEngine(Engine):
             sync(self.device)
             self.graphs[size] = time.perf_counter() - t0
 
-    def _use_pack(self, on: bool) -> None:
+    def _use_pack(self, on: bool, start: int = 1) -> None:
+        """Packed weights (``on``) for forwards of at least ``start`` tokens (``choose_pack``'s ``pack_from``)."""
         for lin in self._linears():
-            lin.use_packed = on and lin.packed is not None
+            lin.use_packed, lin.pack_from = on and lin.packed is not None, start
         self.pack = on
 
     def _linears(self) -> list[Linear]:

@@ -72,26 +72,42 @@ def choose_pack(engine) -> dict:
 
     Which wins depends on the CPU (packing won 1.8-2.4x for the MLP weights on an AVX-512 EPYC, 1.1-1.5x on an
     AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon), so it is timed (``time_variants``), once per machine
-    kind, thread count, dtype and model shape, and cached in ``data/cache/engine/``. Packed is chosen when its
-    times over ``TIMED_SIZES`` have a geometric mean below the plain ones'. The choice and its timings go into
-    the run summary."""
+    kind, thread count, dtype and model shape, and cached in ``data/cache/engine/``. ``pack`` says whether the
+    packed times over ``TIMED_SIZES`` have a geometric mean below the plain ones'; the engine packs for forwards of
+    at least ``pack_from`` tokens (``pack_from``), so that a batch's many-token steps get the packed kernel where
+    it wins even when a lone sequence's one-token steps do not. The choice and its timings go into the run
+    summary."""
 
     file = CHOICES / f"pack-{machine_key()}-{str(engine.dtype).removeprefix('torch.')}-{_shape(engine)}.json"
     try:
         cached = json.loads(file.read_text())
         if isinstance(cached, dict) and isinstance(cached.get("pack"), bool):
-            return cached | {"cached": str(file)}
+            return cached | {"cached": str(file), "pack_from": pack_from(cached)}
     except (OSError, ValueError):
         pass  # none yet, or unreadable: measured (again)
     t0 = time.perf_counter()
     ms = time_variants(engine, {"packed": partial(engine._use_pack, True), "plain": partial(engine._use_pack, False)})
     ratio = geomean(ms["packed"][n] / ms["plain"][n] for n in TIMED_SIZES)
     choice = {"pack": ratio < 1, "packed_vs_plain": round(ratio, 3), "ms": _rounded(ms), "measured": _timing(t0)}
+    choice["pack_from"] = pack_from(choice)
     try:
         write_json_atomic(file, choice, indent=1)
     except OSError:
         pass  # a read-only cache: measured again next time
     return choice
+
+
+def pack_from(choice: dict) -> int | None:
+    """The fewest tokens per forward from which the packed weights run: the smallest timed size from which packed
+    was at least as fast at every larger timed size (batched steps are many tokens even where a lone sequence's are
+    one; on an AMX Xeon plain won at 1 token and packed at 8 and 32); None: never. A choice timed without
+    per-size times: all sizes or none, as it says."""
+    try:  # sizes are ints as measured, strings as cached
+        plain, packed = ({int(n): float(v) for n, v in choice["ms"][k].items()} for k in ("plain", "packed"))
+        faster = {n: packed[n] <= plain[n] for n in plain}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return 1 if choice.get("pack") else None
+    return next((n for n in sorted(faster) if all(faster[m] for m in faster if m >= n)), None)
 
 
 def thread_counts(cores: int) -> list[int]:
