@@ -100,13 +100,19 @@ def test_method_is_lossless(reference, loaded, overrides):
         assert got[qid]["turns"] == ref["turns"]
     accepted = [a for c in got.values() for a in c["accept_lengths"]]
     assert max(accepted) > 1, "no draft was ever accepted: the proposer is not drafting"
-    if "auto" not in ",".join(overrides):  # a tree sized by timing this machine differs by machine
+    record = golden.load().get(golden.key(overrides))  # a method newer than the record has none
+    if record is not None and "auto" not in ",".join(overrides):  # a tree sized by timing differs by machine
         # runtime.batch_size=1 decodes as the one-request loop did before batching: every step the same
-        assert {str(q): golden.record(c) for q, c in got.items()} == golden.load()[golden.key(overrides)]
+        assert {str(q): golden.record(c) for q, c in got.items()} == record
 
 
 def test_batch_one_record_covers_every_case():
-    assert set(golden.load()) == {golden.key(o) for o in [["method=vanilla"], *DEFAULTS, *VARIANTS]}
+    """Every case of the record is still run, and every method of the project has its defaults in it."""
+    cases = {golden.key(o) for o in [["method=vanilla"], *DEFAULTS, *VARIANTS]}
+    assert set(golden.load()) <= cases
+    from methods.base import PROPOSERS
+    ours = [n for n, cls in registry().items() if cls.__module__.startswith(PROPOSERS)]
+    assert all(any(k.split(",")[0] == f"method={n}" for k in golden.load()) for n in ours)
 
 
 # At temperature > 0 every method reproduces vanilla sampling with the same seed (methods.sampling): every
