@@ -13,6 +13,7 @@ tree) in its ``artefacts`` hook.
 """
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,8 +201,6 @@ class Proposer:
         meant to be shared by the batch (weights, a corpus, Token Recycling's hot-start matrix, statistics) and has
         its own per-request state. The default, a shallow copy, serves a proposer whose per-request state is
         all set anew in ``reset``; one that keeps a scratch cache or per-request state in place says so here."""
-        import copy
-
         return copy.copy(self)
 
     def step_sizes(self) -> list[int] | None:

@@ -73,6 +73,7 @@ static tree takes the same cap). Every step's drafter and best match score go to
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -282,8 +283,6 @@ class _Retrieving(Proposer):
 
     def fork(self) -> "_Retrieving":
         """Its own dynamic automaton (the corpus's shared) and its own tree drafter's state."""
-        import copy
-
         other = super().fork()
         other.retrieval = copy.copy(self.retrieval)
         if self.drafter is not None:
