@@ -164,15 +164,8 @@ class Runner:
 
         return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
 
-    def decode(self, ids: list[int], max_new_tokens: int, turn: int, question: int = 0) -> Generation:
-        """One turn, alone; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
-        out = []
-        decode_batch(self.engine, [self.proposer], lambda slot, done: out.append(done[1]) if done else
-                     None if out else self._request(ids, max_new_tokens, turn, question), stop_ids=self.stop_ids,
-                     timer=self.timer)
-        return out[0]
-
     def _request(self, ids: list[int], max_new_tokens: int, turn: int, question: int, tag=None) -> Request:
+        """One turn to decode; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
         sampler = None if self.sampling.greedy else Sampler(self.sampling, question, turn)
         return Request(ids, max_new_tokens, turn, sampler, tag)
 
