@@ -162,15 +162,16 @@ def test_a_busy_machine_is_named_and_a_quiet_one_is_not(tmp_path):
 
 @pytest.mark.slow
 def test_a_bench_beside_busy_loops_is_flagged_and_a_quiet_one_is_not(tmp_path, capsys):
-    """The make-run path (scripts.bench_methods) on the embedded model, 2 questions of 12 tokens: beside as many
-    busy loops as the machine has cores its table is flagged; alone it is not."""
+    """The make-run path (scripts.bench_methods) on the embedded model, 2 questions of 12 tokens, on one thread:
+    beside as many busy loops as the machine has cores its table is flagged; alone it is not. (One thread, so that
+    "alone" holds beside the other pytest-xdist worker: on two cores, two threads beside it wait for a CPU.)"""
     import os
 
     from scripts import bench_methods
 
     def bench(out):
         code = bench_methods.main(["method=vanilla", "method=pld", "--bench", "spec_bench_smoke", "--warmup", "0",
-                                   "--set", "bench.question_ids=[121,361]", "bench.max_new_tokens=12",
+                                   "--set", "bench.question_ids=[121,361]", "bench.max_new_tokens=12", "engine.threads=1",
                                    "--out", str(out)])
         return code, capsys.readouterr().out
 
