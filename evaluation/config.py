@@ -151,6 +151,11 @@ def batch_size(cfg: DictConfig) -> int:
     return value
 
 
+def prefill_chunk(cfg: DictConfig) -> int:
+    """``runtime.prefill_chunk``, checked (absent: 0, a prompt prefilled whole)."""
+    return int_setting((cfg.get("runtime") or {}).get("prefill_chunk", 0), "runtime.prefill_chunk", 0)
+
+
 def sampling_settings(cfg: DictConfig):
     """The run's ``sampling.*`` (absent: greedy), checked: a ``methods.sampling.Sampling``."""
     from methods.sampling import Sampling

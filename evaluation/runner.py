@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, folder_lock
 from evaluation.config import (ModelSpec, batch_size, config_mismatch, int_setting, method_params, model_spec,
-                               sampling_settings)
+                               prefill_chunk, sampling_settings)
 from evaluation.data import Question, load_bench, shard
 from evaluation.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
 from evaluation.prompts import check_template, describe, prompt_ids
@@ -138,7 +138,7 @@ class Runner:
         ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
         self.spec = spec or model_spec(cfg)
         self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
-        self.batch_size = batch_size(cfg)
+        self.batch_size, self.prefill_chunk = batch_size(cfg), prefill_chunk(cfg)
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
         check_method(self.method, params)  # what the settings alone refuse, before the weights load
@@ -246,7 +246,8 @@ class Runner:
             state[slot] = {"q": q, "answers": [], "turns": [], "loads": []}
             return turn_request(slot)
 
-        decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer)
+        decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer,
+                     prefill_chunk=self.prefill_chunk)
 
     def _record(self, q: Question, answers: list[str], turns: list[Generation], loads: list[machine.Load],
                 batch: int) -> dict:

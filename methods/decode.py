@@ -45,7 +45,7 @@ import torch
 from methods.base import Proposer
 from methods.engine import Engine, HFEngine
 from methods.engine.ops import sync
-from methods.verify import Check, verify_rows
+from methods.verify import Check, Chunk, step_rows
 
 
 DRAFT_ROOM = 256  # cache slots past the budget for a step's drafts (an engine grows its cache for more)
@@ -151,31 +151,64 @@ class _Row:
             self.first_token = time.perf_counter() - self.t0
         return stop is not None or len(new) >= self.max_new
 
-    def prefill(self) -> None:
-        """The prompt goes into the row's cache; its last position's argmax is the first new token.
-        (drafts_first: the prompt but its last token, which roots the first draft.)"""
-        engine, proposer, ids = self.engine, self.proposer, self.ids
+    def open(self) -> None:
+        """The row's cache is emptied, its clock started; the prompt is then prefilled, whole (``prefill``) or in
+        chunks that ride along a batch's steps (``chunk``, ``fed``)."""
+        engine = self.engine
         engine.open(self.slot, self.n_prompt + self.max_new + DRAFT_ROOM)
         sync(engine.device)
         self.t0 = time.perf_counter()
-        full, hidden = proposer.wants_prompt_logits, proposer.wants_hidden
-        self.first_step = proposer.drafts_first and self.n_prompt > 1
-        prefill = self.n_prompt - 1 if self.first_step else self.n_prompt
-        logits, states = engine.forward(ids[:prefill], row=self.slot, last_only=not full, hidden=hidden)
+        self.first_step = self.proposer.drafts_first and self.n_prompt > 1
+        self.todo = self.n_prompt - 1 if self.first_step else self.n_prompt  # drafts_first: all but its last token
+        self.filled = 0  # prompt tokens in the cache so far
+        self.parts: list[tuple] = []  # the chunks' (logits, states), where the proposer wants them all
+
+    @property
+    def filling(self) -> bool:
+        return self.filled < self.todo
+
+    def chunk(self, size: int) -> Chunk:
+        """The prompt's next ``size`` tokens (0: all that is left), and how many of their logits to keep."""
+        start = self.filled
+        end = self.todo if not size else min(self.todo, start + size)
+        keep = end - start if self.proposer.wants_prompt_logits else int(end == self.todo)
+        return Chunk(self.slot, self.ids[start:end], keep)
+
+    def prefill(self) -> None:
+        """The whole prompt in one forward of the row alone."""
+        chunk = self.chunk(0)
+        [(logits, states)] = self.engine.forward_rows([self.slot], [chunk.tokens], [None],
+                                                      hidden=self.proposer.wants_hidden, keep=[chunk.keep])
+        self.fed(chunk, logits, states)
+
+    def fed(self, chunk: Chunk, logits, states) -> None:
+        """A forward took ``chunk``: after the prompt's last, its last position's argmax is the first new token (none
+        for drafts_first, whose first step drafts from the prompt's last token)."""
+        self.filled += chunk.tokens.shape[0]
+        proposer, hidden = self.proposer, self.proposer.wants_hidden
+        if proposer.wants_prompt_logits or hidden:
+            self.parts.append((logits, states))
+        if self.filling:
+            return
+        if self.parts:
+            logits = torch.cat([p[0] for p in self.parts])
+            states = torch.cat([p[1] for p in self.parts]) if hidden else None
+            self.parts = []
+        prompt = self.ids[:self.todo]
         if proposer.wants_sampler:
             proposer.sampler = self.sampler
-        proposer.reset(ids[:prefill], self.request.turn, logits if full else None, states)
+        proposer.reset(prompt, self.request.turn, logits if proposer.wants_prompt_logits else None, states)
         if not self.first_step:
             self.nodes.append(0), self.depths.append(0), self.info.append(None)
             self.rows.append(0), self.slots.append(0)
             sampler = self.sampler
             last = logits[-1:]
-            first = int(last[0].argmax() if sampler is None else sampler.draw(last, ZERO.to(engine.device), 0, 0)[0])
+            first = int(last[0].argmax() if sampler is None else sampler.draw(last, ZERO.to(self.engine.device), 0, 0)[0])
             if self.ending is not None:  # the prefill commits the prompt, so only its bonus can stop the reference
                 self.produced = 1
                 self.stopped = self.ending.ends([], first, self.produced, self.max_new, self.stop_ids)[0]
             self.answered = self.commit([first])
-        sync(engine.device)
+        sync(self.engine.device)
         self.t1 = time.perf_counter()
         if self.answered:
             self.t2 = self.t1
@@ -231,7 +264,7 @@ Feed = Callable[[int, "tuple[Request, Generation] | None"], "Request | None"]
 
 @torch.inference_mode()
 def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_ids: set[int],
-                 timer=nullcontext) -> None:
+                 timer=nullcontext, prefill_chunk: int = 0) -> None:
     """Decode requests in ``len(proposers)`` slots at once (continuous batching), token for token what vanilla
     decoding gives each of them alone.
 
@@ -239,17 +272,26 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     whenever the slot's request has finished, with ``done`` = (that request, its Generation), so that the caller
     keeps the result and may give the slot the same question's next turn. Slot i drafts with ``proposers[i]``
     (``Proposer.fork``). Every step, each busy slot proposes, in slot order; one forward verifies every slot's draft
-    (``methods.verify.verify_rows``: rows padded to the widest, each masked to its own prefix and tree); then each
-    slot learns and commits, in slot order, so that state the proposers share (Token Recycling's hot matrix) is
-    updated in an order that does not depend on timing. A finished slot's next request is prefilled alone (one
-    row's forward) before the next step. With one slot this is ``generate``'s loop exactly.
+    (``methods.verify.step_rows``: each row seeing its own prefix and tree); then each slot learns and commits, in
+    slot order, so that state the proposers share (Token Recycling's hot matrix) is updated in an order that does not
+    depend on timing.
+
+    A new request's prompt is prefilled alone (one row's forward, before the next step), or with
+    ``prefill_chunk`` > 0 and an engine that runs rows unpadded (``Engine.ragged``), in chunks of that many tokens that ride
+    along the batch's steps: each step's forward then also takes the next chunk of every slot still prefilling,
+    after which (the prompt's last chunk) the slot joins the steps. The others' steps go on meanwhile, at a cost
+    of a few tokens in a forward of many, where a prefill alone would stall them (Sarathi-Serve's chunked
+    prefills, Agrawal et al., OSDI 2024). With one slot this is ``generate``'s loop exactly.
     """
     rows: list[_Row | None] = [None] * len(proposers)
+    chunk = prefill_chunk if len(proposers) > 1 and engine.ragged else 0
 
     def fill(slot: int, done) -> None:
         while (request := feed(slot, done)) is not None:
             row = _Row(slot, request, proposers[slot], engine, stop_ids, timer)
-            row.prefill()
+            row.open()
+            if not chunk:
+                row.prefill()
             if not row.finished:
                 rows[slot] = row
                 return
@@ -260,11 +302,17 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     for slot in range(len(proposers)):
         fill(slot, None)
     while busy := [row for row in rows if row is not None]:
-        checks = [row.propose() for row in busy]
+        filling = [row for row in busy if row.filling]
+        stepping = [row for row in busy if not row.filling]
+        checks = [row.propose() for row in stepping]
+        chunks = [row.chunk(chunk) for row in filling]
         first = busy[0].proposer  # one method: one top-k and hidden request for all
-        results = verify_rows(engine, checks, timer, first.topk, first.wants_hidden)
-        for row, check, result in zip(busy, checks, results):
-            row.settle(check.draft, result, len(busy), engine.last_slots)
+        results, fed = step_rows(engine, checks, chunks, timer, first.topk, first.wants_hidden)
+        slots = engine.last_slots - sum(c.tokens.shape[0] for c in chunks)  # the drafts' positions, padding included
+        for row, check, result in zip(stepping, checks, results):
+            row.settle(check.draft, result, len(stepping), slots)
+        for row, c, (logits, states) in zip(filling, chunks, fed):
+            row.fed(c, logits, states)
         for row in busy:
             if row.finished:
                 fill(row.slot, (row.request, row.generation()))

@@ -87,17 +87,36 @@ def verify(engine, draft: Draft, timer=nullcontext, topk: int = 0, hidden: bool 
     return verify_rows(engine, [Check(draft, 0, sampler, position)], timer, topk, hidden)[0]
 
 
+@dataclass
+class Chunk:
+    """A part of one row's prompt that rides along a batched step's forward (``step_rows``), appended to its cache."""
+
+    row: int
+    tokens: torch.Tensor  # [n]
+    keep: int  # the logits of its last ``keep`` tokens are wanted (0: none)
+
+
 @torch.inference_mode()
 def verify_rows(engine, checks: list[Check], timer=nullcontext, topk: int = 0,
                 hidden: bool | tuple[int, ...] = False) -> list[Verification]:
     """``verify`` of several rows' drafts (a batch) in one forward (``Engine.forward_rows``), each row then accepted
     and committed on its own, in the order given."""
+    return step_rows(engine, checks, [], timer, topk, hidden)[0]
+
+
+@torch.inference_mode()
+def step_rows(engine, checks: list[Check], chunks: list[Chunk], timer=nullcontext, topk: int = 0,
+              hidden: bool | tuple[int, ...] = False) -> tuple[list[Verification], list[tuple]]:
+    """``verify_rows``, with ``chunks`` of other rows' prompts in the same forward: the drafts' verifications, and
+    each chunk's (logits of its kept tokens, states)."""
     pasts = [engine.length_of(c.row) for c in checks]
     with timer("forward"):
-        outs = engine.forward_rows([c.row for c in checks], [c.draft.tokens for c in checks],
-                                   [c.draft.tree for c in checks], hidden=hidden)  # per row: [n, vocab], [n, hidden]
-    return [_settle(engine, c, past, logits, states, timer, topk, hidden)
-            for c, past, (logits, states) in zip(checks, pasts, outs)]
+        outs = engine.forward_rows([c.row for c in checks] + [c.row for c in chunks],
+                                   [c.draft.tokens for c in checks] + [c.tokens for c in chunks],
+                                   [c.draft.tree for c in checks] + [None] * len(chunks), hidden=hidden,
+                                   keep=[None] * len(checks) + [c.keep for c in chunks])
+    return ([_settle(engine, c, past, logits, states, timer, topk, hidden)
+             for c, past, (logits, states) in zip(checks, pasts, outs)], outs[len(checks):])
 
 
 def _settle(engine, check: Check, past: int, logits, states, timer, topk, hidden) -> Verification:

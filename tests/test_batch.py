@@ -28,8 +28,9 @@ def within_request(cls) -> bool:
     return cls.state_dict is Proposer.state_dict
 
 
-def batched(engine, proposer, batch: int, sampling: Sampling | None = None):
-    """Every request decoded in ``batch`` slots: {request index: Generation}."""
+def batched(engine, proposer, batch: int, sampling: Sampling | None = None, chunk: int = 0):
+    """Every request decoded in ``batch`` slots (prompts prefilled in chunks of ``chunk`` tokens riding along the
+    steps, where the engine is ragged): {request index: Generation}."""
     proposers = [proposer] + [proposer.fork() for _ in range(batch - 1)]
     queue, out = list(range(len(PROMPTS))), {}
 
@@ -42,7 +43,7 @@ def batched(engine, proposer, batch: int, sampling: Sampling | None = None):
         sampler = Sampler(sampling, i, TURNS[i]) if sampling else None
         return Request(PROMPTS[i], MAX_NEW, TURNS[i], sampler, tag=i)
 
-    decode_batch(engine, proposers, feed, stop_ids=set())
+    decode_batch(engine, proposers, feed, stop_ids=set(), prefill_chunk=chunk)
     return [out[i] for i in range(len(PROMPTS))]
 
 
@@ -76,11 +77,12 @@ def test_every_method_is_lossless_at_every_batch_size(tiny_models, vanilla, tmp_
     params = cls.example(tmp_path, PROMPTS)
     reference = vanilla(layers, engine_name)
     alone = one_by_one(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model))
-    for batch in (2, 4, 8):
+    for batch, chunk in ((2, 8), (4, 0), (8, 5)):  # prompts whole and alone, or in chunks along the steps
         proposer = build_proposer(method, params, vocab_size=96, device=CPU, target=model)
-        got = batched(engine, proposer, batch)
+        got = batched(engine, proposer, batch, chunk=chunk)
         assert [g.token_ids for g in got] == reference, f"batch {batch}"
-        assert max(max(g.batch_rows or [1]) for g in got) == min(batch, len(PROMPTS))  # the rows were batched
+        most = max(max(g.batch_rows or [1]) for g in got)  # the rows were batched (in chunks, a long prompt may
+        assert most == min(batch, len(PROMPTS)) if not chunk else most > 1  # join after short requests finished)
         if within_request(cls):
             assert [g.accept_lengths for g in got] == [g.accept_lengths for g in alone], f"batch {batch}"
     if cls.drafts:
@@ -98,7 +100,7 @@ def test_sampled_rows_draw_what_they_draw_alone(tiny_models, tmp_path, method):
     settings = Sampling(temperature=1.0, top_p=0.95, seed=4)
     reference = [g.token_ids for g in one_by_one(engine, build_proposer("vanilla", {}, vocab_size=96, device=CPU),
                                                  settings)]
-    got = batched(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model), 4, settings)
+    got = batched(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model), 4, settings, 7)
     assert [g.token_ids for g in got] == reference
 
 
@@ -112,13 +114,19 @@ def test_batch_one_is_the_one_request_loop(tiny_model):
     assert all(g.batch_rows is None for g in got)
 
 
-def test_padding_is_counted(tiny_model):
-    """Each step records its forward's rows and token positions: the widest row's nodes times the rows."""
-    engine = engines(tiny_model)["static"]
-    got = batched(engine, build_proposer("pld", {}, vocab_size=96, device=CPU), 3)
+@pytest.mark.parametrize("engine_name", ["static", "hf"])
+def test_padding_is_counted(tiny_model, engine_name):
+    """Each step records its forward's rows and the drafts' token positions it computed: on the hf engine the widest
+    row's nodes times the rows (padded), on the static engine (ragged) the sum of the rows' nodes, the prompt chunks
+    that rode along left out."""
+    engine = engines(tiny_model)[engine_name]
+    got = batched(engine, build_proposer("pld", {}, vocab_size=96, device=CPU), 3, chunk=4)
     steps = [(r, s, n) for g in got for r, s, n in zip(g.batch_rows, g.forward_slots, g.draft_nodes) if r]
     assert all(s >= r * 1 and s >= n for r, s, n in steps)
-    assert any(s > r * n for r, s, n in steps)  # PLD's drafts differ in size: some rows were padded
+    if engine.ragged:  # a step's slots are the sum of its rows' nodes: a row wider than the others has more
+        assert any(s < r * n for r, s, n in steps)
+    else:  # every row padded to the widest
+        assert all(s >= r * n for r, s, n in steps) and any(s > r * n for r, s, n in steps)
 
 
 # --- the runner: runtime.batch_size on the embedded model ------------------------------------------------------

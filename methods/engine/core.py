@@ -19,6 +19,7 @@ class Engine:
 
     name: str
     expand_kv: bool  # grouped K/V heads are expanded before attention (sdpa_backend)
+    ragged = False  # forward_rows runs rows of different sizes unpadded: a prompt's chunk may ride along a step
 
     def __init__(self, model):
         self.model = fp32_rotary(model)
@@ -83,15 +84,19 @@ class Engine:
         raise NotImplementedError
 
     def forward_rows(self, rows: list[int], tokens: list[torch.Tensor], trees: list[Tree | None], *,
-                     hidden: bool | tuple[int, ...] = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+                     hidden: bool | tuple[int, ...] = False, keep: list[int | None] | None = None
+                     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """``forward`` of several rows' steps in one forward of the model (a batch): row ``rows[i]`` runs
-        ``tokens[i]`` with ``trees[i]``, seeing its own prefix and ancestors only; one (logits, states) per row.
+        ``tokens[i]`` with ``trees[i]``, seeing its own prefix and ancestors only; one (logits, states) per row,
+        the logits of its last ``keep[i]`` tokens only (None: all; 0: none, a prompt's chunk before its last).
         ``last_slots`` then says how many token positions it computed, padding included. One row: ``forward``."""
         if len(rows) != 1:
             raise NotImplementedError(f"engine '{self.name}' runs one row per forward")
-        out = self.forward(tokens[0], trees[0], row=rows[0], hidden=hidden)
-        self.last_slots = tokens[0].shape[0]
-        return [out]
+        n = tokens[0].shape[0]
+        k = n if keep is None or keep[0] is None else min(keep[0], n)
+        logits, states = self.forward(tokens[0], trees[0], row=rows[0], last_only=k < n, hidden=hidden)
+        self.last_slots = n
+        return [(logits[logits.shape[0] - k:], states)]
 
     def commit(self, start: int, path: list[int], row: int = 0) -> None:
         """Keep, of ``row``'s entries appended from slot ``start`` on, the nodes ``path`` (increasing) only."""

@@ -60,9 +60,9 @@ class HFEngine(Engine):
         self.lengths[row] = tokens.shape[0]
         return out
 
-    def forward_rows(self, rows, tokens, trees, *, hidden=False):
-        if self.rows == 1:
-            return super().forward_rows(rows, tokens, trees, hidden=hidden)
+    def forward_rows(self, rows, tokens, trees, *, hidden=False, keep=None):
+        if self.rows == 1 or (len(rows) == 1 and not self.lengths[rows[0]]):  # one row, or a prefill (alone)
+            return super().forward_rows(rows, tokens, trees, hidden=hidden, keep=keep)
         kv.truncate(self.cache, max(self.lengths))  # what the last step appended past every row's accepted entries
         past = self._step = kv.length(self.cache)
         width = max(t.shape[0] for t in tokens)
@@ -97,8 +97,9 @@ class HFEngine(Engine):
         else:
             states = out.hidden_states[-1] if hidden else None
         self.last_slots = self.rows * width
-        return [(out.logits[r, :t.shape[0]], states[r, :t.shape[0]] if hidden else None)
-                for r, t in zip(rows, tokens)]
+        keep = keep or [None] * len(rows)
+        return [(out.logits[r, :t.shape[0]][-k if k is not None else 0:] if k != 0 else out.logits[r, :0],
+                 states[r, :t.shape[0]] if hidden else None) for r, t, k in zip(rows, tokens, keep)]
 
     def commit(self, start: int, path: list[int], row: int = 0) -> None:
         if self.rows == 1:

@@ -140,16 +140,22 @@ class StaticKV:
         return keys[:, :span], values[:, :span]
 
     @staticmethod
-    def write_rows(keys: torch.Tensor, values: torch.Tensor, layer: int, slots: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, span: int):
-        """``write`` for b rows at once: ``keys, values`` are the rows' block ``StaticKV.keys[lo:hi]`` [b, layers,
-        kv_heads, capacity, head_dim], ``slots`` [b, n] each row's own, ``k, v`` [b, kv_heads, n, head_dim]; returns
-        the layer's first ``span`` slots of every row (views)."""
-        keys, values = keys[:, layer], values[:, layer]
-        rows = torch.arange(keys.shape[0], device=keys.device)[:, None]
-        keys[rows, :, slots] = k.transpose(1, 2)
-        values[rows, :, slots] = v.transpose(1, 2)
-        return keys[:, :, :span], values[:, :, :span]
+    def places(rows: list[int], starts: list[int], counts: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where ``write_tokens`` puts a packed forward's tokens: row ``rows[i]``'s ``counts[i]`` tokens at its slots
+        ``starts[i]...``, as (row, slot) index tensors [T]."""
+        return (torch.tensor(rows, device=device).repeat_interleave(torch.tensor(counts, device=device)),
+                torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, counts)]))
+
+    def write_tokens(self, layer: int, places: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
+                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a packed forward's ``k, v`` [kv_heads, T, head_dim] at ``places`` (``places``) in ``layer``; return
+        that layer's keys and values of every row [rows, kv_heads, capacity, head_dim] (views). The engine sets
+        the rows' lengths after its last layer."""
+        keys, values = self.keys[:, layer], self.values[:, layer]
+        rows, slots = places
+        keys[rows, :, slots] = k.transpose(0, 1)
+        values[rows, :, slots] = v.transpose(0, 1)
+        return keys, values
 
     def commit(self, start: int, keep: list[int], row: int = 0) -> None:
         """Keep, of ``row``'s entries written from ``start`` on, the nodes ``keep`` (see ``commit`` above)."""

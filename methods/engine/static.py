@@ -84,6 +84,7 @@ class StaticEngine(Engine):
     """The lean Llama forward over a preallocated cache (see the module docstring)."""
 
     name = "static"
+    ragged = True
 
     def __init__(self, model, *, pack: bool | None = None, compile: bool = False, mode: str = "default",
                  threads: int | str | None = None):
@@ -259,50 +260,48 @@ class StaticEngine(Engine):
         return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
 
     @torch.inference_mode()
-    def forward_rows(self, rows, tokens, trees, *, hidden=False):
-        """One forward of several rows' steps (``Engine.forward_rows``): the rows ``min(rows)..max(rows)`` as one
-        batch [b, width], each row's tokens padded to the widest (a row not stepping is all padding), written at its
-        own slots and masked to its own prefix and ancestors; the lm_head runs on the real tokens only."""
+    def forward_rows(self, rows, tokens, trees, *, hidden=False, keep=None):
+        """One forward of several rows' steps (``Engine.forward_rows``), packed: the rows' tokens side by side as
+        one sequence [sum of n, hidden] through every weight (no padding), each row's queries attending over its
+        own cache only (its own span: ``_mask`` of its prefix and tree); a row's entries are written at its own
+        slots (``kv.StaticKV.write_tokens``); the lm_head runs on the kept positions only."""
+        counts = [t.shape[0] for t in tokens]
+        keep = counts if keep is None else [n if k is None else min(k, n) for n, k in zip(counts, keep)]
         if len(rows) == 1:
-            return [self.forward(tokens[0], trees[0], row=rows[0], hidden=hidden)]
-        lo, hi = min(rows), max(rows) + 1
-        step = dict(zip(rows, zip(tokens, trees)))
-        width = max(t.shape[0] for t in tokens)
-        pasts = self.cache.lengths[lo:hi]
-        span = self._room(max(pasts) + width)
-        empty = torch.zeros(0, dtype=torch.long, device=self.device)
-        toks, masks, positions = [], [], []
-        for r, past in zip(range(lo, hi), pasts):
-            t, tree = step.get(r, (empty, None))
-            n = t.shape[0]
-            toks.append(torch.cat([t, torch.zeros(width - n, dtype=t.dtype, device=self.device)]) if n < width else t)
-            masks.append(self._mask(past, n, tree, span, width))
-            positions.append(self._positions(past, n, tree, width))
-        positions = torch.stack(positions)
-        cos, sin = self._rope[0][positions][:, None], self._rope[1][positions][:, None]  # [b, 1, width, d]
-        slots = torch.tensor(pasts, device=self.device)[:, None] + torch.arange(width, device=self.device)
-        mask = torch.stack(masks)[:, None]  # [b, 1, width, span]
-        keys, values = self.cache.keys[lo:hi], self.cache.values[lo:hi]
+            logits, states = self.forward(tokens[0], trees[0], row=rows[0], last_only=keep[0] < counts[0],
+                                          hidden=hidden)
+            self.last_slots = counts[0]
+            return [(logits[logits.shape[0] - keep[0]:], states)]
+        dev, lengths = self.device, self.cache.lengths
+        pasts = [lengths[r] for r in rows]
+        self._room(max(p + n for p, n in zip(pasts, counts)))
+        spans = [-(-(p + n) // SPAN) * SPAN for p, n in zip(pasts, counts)]
+        masks = [self._mask(p, n, tree, span, n) for p, n, tree, span in zip(pasts, counts, trees, spans)]
+        positions = torch.cat([self._positions(p, n, tree, n) for p, n, tree in zip(pasts, counts, trees)])
+        cos, sin = self._rope[0][positions], self._rope[1][positions]  # [T, d]
+        where = kv.StaticKV.places(rows, pasts, counts, dev)
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        parts = list(zip(rows, [e - n for e, n in zip(ends, counts)], ends, spans, masks))
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
-        x = self.embed(torch.stack(toks))  # [b, width, hidden]
+        x = self.embed(torch.cat(tokens))  # [T, hidden]
         for i, layer in enumerate(self.layers):
             if taps is not None and i in hidden:
                 taps.append(x)
-            q, k, v = layer.qkv(x, cos, sin)
-            k, v = kv.StaticKV.write_rows(keys, values, i, slots, k, v, span)
-            x = layer.rest(x, layer.attend(q, k, v, mask))
+            q, k, v = layer.qkv(x, cos, sin)  # [heads, T, d], [kv_heads, T, d]
+            keys, values = self.cache.write_tokens(i, where, k, v)  # [rows, kv_heads, capacity, d]
+            o = torch.cat([layer.attend(q[:, a:b], keys[r, :, :span], values[r, :, :span], mask)
+                           for r, a, b, span, mask in parts])
+            x = layer.rest(x, o)
         h = self.norm(x)
-        counts = [t.shape[0] for t in tokens]
-        real = torch.cat([h[r - lo, :n] for r, n in zip(rows, counts)])
-        logits = self.lm_head(real).split(counts)
+        kept = [torch.arange(e - k, e) for e, k in zip(ends, keep)]
+        logits = self.lm_head(h[torch.cat(kept).to(dev)]).split(keep)
         if taps is not None:
-            features = torch.cat(taps, dim=-1)
-            states = [features[r - lo, :n] for r, n in zip(rows, counts)]
+            states = torch.cat(taps, dim=-1).split(counts)
         else:
-            states = real.split(counts) if hidden else [None] * len(rows)
+            states = h.split(counts) if hidden else [None] * len(rows)
         for r, n in zip(rows, counts):
-            self.cache.lengths[r] += n
-        self.last_slots = (hi - lo) * width
+            lengths[r] += n
+        self.last_slots = ends[-1]
         return list(zip(logits, states))
 
     def _layers(self, x, cos, sin, mask, slots, keys, values, layers=(), taps=None):

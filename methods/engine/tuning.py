@@ -16,7 +16,8 @@ from methods.engine.ops import sync
 from methods.machine import machine_key, usable_cores
 
 
-TIMED_SIZES = (1, 8, 32)  # tokens per forward timed by choose_pack and choose_threads: a plain step, two drafts
+TIMED_SIZES = (1, 4, 8, 32)  # tokens per forward timed by choose_pack and choose_threads: a plain step, a batch's
+#                               or a small draft, two drafts
 TIMED_CONTEXT = 128  # cached tokens while timing
 TIMED_REPEATS = 5
 CHOICES = CACHE / "engine"  # the pack choices, one file per machine kind, thread count, dtype and shape
@@ -81,7 +82,8 @@ def choose_pack(engine) -> dict:
     file = CHOICES / f"pack-{machine_key()}-{str(engine.dtype).removeprefix('torch.')}-{_shape(engine)}.json"
     try:
         cached = json.loads(file.read_text())
-        if isinstance(cached, dict) and isinstance(cached.get("pack"), bool):
+        if isinstance(cached, dict) and isinstance(cached.get("pack"), bool) \
+                and cached.get("measured", {}).get("sizes") == list(TIMED_SIZES):  # else timed again
             return cached | {"cached": str(file), "pack_from": pack_from(cached)}
     except (OSError, ValueError):
         pass  # none yet, or unreadable: measured (again)
