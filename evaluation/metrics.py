@@ -64,8 +64,9 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   its last turn's end less its first turn's start, summed over the parts, so a resumed run adds its parts up);
   ``ttft`` = seconds from a turn's start (its prefill) to its first new token, and ``tpot`` = the turn's seconds after
   that per further token, each as mean, p50 and p90 over turns; ``forward_tokens`` = the token positions one
-  verifying forward computed (the batch's rows times its widest draft), averaged over forwards; ``padding`` = the
-  share of those that were padding (rows' drafts narrower than the widest, slots with no request). A step of a
+  verifying forward computed for the drafts (engine=hf: the batch's rows times its widest draft; engine=static, which
+  runs rows ragged: the sum of the rows' drafts), averaged over forwards; ``padding`` = the share of those that were
+  padding (rows' drafts narrower than the widest, slots with no request: 0 on the static engine). A step of a
   forward that verified r rows counts 1/r of it, so that every forward counts once. The speedup under load
   (``load_speedup``) is the method's throughput over vanilla's at the same batch size. Repeats of one configuration
   are pooled as the parts of one run.
@@ -291,7 +292,7 @@ def batch_stats(records: list[dict]) -> dict:
     seconds = sum(end - start for start, end in spans.values())
     out = {"batch_size": size, "throughput": tokens / seconds if spans and seconds > 0 else None,
            "forward_tokens": slots / forwards if forwards else None,
-           "padding": 1 - real / slots if slots else None}
+           "padding": round(1 - real / slots, 9) + 0.0 if slots else None}  # no -0.0 from the 1/r fractions' sums
     for name, values in (("ttft", ttft), ("tpot", tpot)):
         v = np.array(values)
         out.update({f"{name}_mean": float(v.mean()) if len(v) else None,

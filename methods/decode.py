@@ -68,8 +68,8 @@ class Generation:
     first_token_time: float | None = None  # seconds from the start (the prefill's) to the first new token
     clock: tuple[float, float] | None = None  # time.perf_counter() at the start and at the answer's end
     batch_rows: list[int] | None = None  # per step, batched runs only: the rows its forward verified (prefill: 0)
-    forward_slots: list[int] | None = None  # per step, batched runs only: the token positions that forward computed,
-    #                                         padding included (rows x the widest row's nodes; prefill: 0)
+    forward_slots: list[int] | None = None  # per step, batched runs only: the drafts' token positions that forward
+    #   computed, padding included (hf: rows x the widest row's nodes; static, ragged: their sum; prefill: 0)
 
     @property
     def wall_time(self) -> float:
@@ -201,9 +201,9 @@ class _Row:
         if not self.first_step:
             self.nodes.append(0), self.depths.append(0), self.info.append(None)
             self.rows.append(0), self.slots.append(0)
-            sampler = self.sampler
-            last = logits[-1:]
-            first = int(last[0].argmax() if sampler is None else sampler.draw(last, ZERO.to(self.engine.device), 0, 0)[0])
+            sampler, last = self.sampler, logits[-1:]
+            first = int(last[0].argmax() if sampler is None else
+                        sampler.draw(last, ZERO.to(self.engine.device), 0, 0)[0])
             if self.ending is not None:  # the prefill commits the prompt, so only its bonus can stop the reference
                 self.produced = 1
                 self.stopped = self.ending.ends([], first, self.produced, self.max_new, self.stop_ids)[0]
@@ -276,9 +276,9 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     slot order, so that state the proposers share (Token Recycling's hot matrix) is updated in an order that does not
     depend on timing.
 
-    A new request's prompt is prefilled alone (one row's forward, before the next step), or with
-    ``prefill_chunk`` > 0 and an engine that runs rows unpadded (``Engine.ragged``), in chunks of that many tokens that ride
-    along the batch's steps: each step's forward then also takes the next chunk of every slot still prefilling,
+    A new request's prompt is prefilled alone (one row's forward, before the next step), or with ``prefill_chunk``
+    > 0 and an engine that runs rows unpadded (``Engine.ragged``), in chunks of that many tokens that ride along
+    the batch's steps: each step's forward then also takes the next chunk of every slot still prefilling,
     after which (the prompt's last chunk) the slot joins the steps. The others' steps go on meanwhile, at a cost
     of a few tokens in a forward of many, where a prefill alone would stall them (Sarathi-Serve's chunked
     prefills, Agrawal et al., OSDI 2024). With one slot this is ``generate``'s loop exactly.

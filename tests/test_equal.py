@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evaluation.equal import NEAR_TIE, REAL, classify, compare
-from tests.checkpoints import save_model, sentencepiece_tokenizer
+from tests.checkpoints import sentencepiece_tokenizer
 from tests.helpers import cli, tiny_llama
 
 

@@ -2,7 +2,6 @@
 property test against brute-force search, the chain budget's choice, and lossless decoding on the tiny model."""
 import random
 
-import numpy as np
 import pytest
 import torch
 
