@@ -97,9 +97,9 @@ class HFEngine(Engine):
         else:
             states = out.hidden_states[-1] if hidden else None
         self.last_slots = self.rows * width
-        keep = keep or [None] * len(rows)
-        return [(out.logits[r, :t.shape[0]][-k if k is not None else 0:] if k != 0 else out.logits[r, :0],
-                 states[r, :t.shape[0]] if hidden else None) for r, t, k in zip(rows, tokens, keep)]
+        counts = [t.shape[0] for t in tokens]
+        kept = [n if k is None else min(k, n) for n, k in zip(counts, keep or [None] * len(rows))]
+        return [(out.logits[r, n - k:n], states[r, :n] if hidden else None) for r, n, k in zip(rows, counts, kept)]
 
     def commit(self, start: int, path: list[int], row: int = 0) -> None:
         if self.rows == 1:

@@ -148,7 +148,7 @@ class StaticKV:
 
     def write_tokens(self, layer: int, places: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
                      v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write a packed forward's ``k, v`` [kv_heads, T, head_dim] at ``places`` (``places``) in ``layer``; return
+        """Write a packed forward's ``k, v`` [kv_heads, T, head_dim] at its ``places`` in ``layer``; return
         that layer's keys and values of every row [rows, kv_heads, capacity, head_dim] (views). The engine sets
         the rows' lengths after its last layer."""
         keys, values = self.keys[:, layer], self.values[:, layer]

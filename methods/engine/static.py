@@ -265,17 +265,13 @@ class StaticEngine(Engine):
         one sequence [sum of n, hidden] through every weight (no padding), each row's queries attending over its
         own cache only (its own span: ``_mask`` of its prefix and tree); a row's entries are written at its own
         slots (``kv.StaticKV.write_tokens``); the lm_head runs on the kept positions only."""
+        if len(rows) == 1:  # one row: forward (the compiled steps)
+            return super().forward_rows(rows, tokens, trees, hidden=hidden, keep=keep)
         counts = [t.shape[0] for t in tokens]
         keep = counts if keep is None else [n if k is None else min(k, n) for n, k in zip(counts, keep)]
-        if len(rows) == 1:
-            logits, states = self.forward(tokens[0], trees[0], row=rows[0], last_only=keep[0] < counts[0],
-                                          hidden=hidden)
-            self.last_slots = counts[0]
-            return [(logits[logits.shape[0] - keep[0]:], states)]
         dev, lengths = self.device, self.cache.lengths
         pasts = [lengths[r] for r in rows]
-        self._room(max(p + n for p, n in zip(pasts, counts)))
-        spans = [-(-(p + n) // SPAN) * SPAN for p, n in zip(pasts, counts)]
+        spans = [self._room(p + n) for p, n in zip(pasts, counts)]  # each row's own, in whole spans
         masks = [self._mask(p, n, tree, span, n) for p, n, tree, span in zip(pasts, counts, trees, spans)]
         positions = torch.cat([self._positions(p, n, tree, n) for p, n, tree in zip(pasts, counts, trees)])
         cos, sin = self._rope[0][positions], self._rope[1][positions]  # [T, d]
