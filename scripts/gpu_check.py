@@ -12,9 +12,9 @@ value:
    against K/V heads expanded first (what the static engine does on CUDA), and without a mask.
 2. ``methods.csv``: every registered method with its example settings (``Proposer.example``: random heads,
    a one-layer drafter, a datastore of the prompts) and ``VARIANTS``, on the hf and static engines, on tiny
-   random models of the Llama-3 and Vicuna architectures (2 layers, or a method's ``min_layers``: EAGLE-3's
-   8): fp32 on the device token-identical to CPU greedy; fp16 against it, each first divergence classified
-   (``evaluation.equal.classify``: a near-tie of the fp16 model, or a real mismatch).
+   random models of the Llama-3, Vicuna, Qwen3 and Gemma 3 architectures (2 layers, or a method's
+   ``min_layers``: EAGLE-3's 8): fp32 on the device token-identical to CPU greedy; fp16 against it, each first
+   divergence classified (``evaluation.equal.classify``: a near-tie of the fp16 model, or a real mismatch).
 2b. ``sampling.csv``: the same cases sampling at temperature 1 (top-p 0.95) in fp32 on the static engine, on
    the device: token-identical to vanilla sampling with the same seed there (``methods.sampling``), and how
    often vanilla's samples on the device equal the CPU's.
@@ -178,11 +178,18 @@ def references(arch: str, device, layers: int = 2) -> tuple:
     return tiny(arch, layers, device), refs
 
 
+# Gemma 3 at its tiny size: one sliding-window layer (a window of 16 positions, which the answers outgrow) before a
+# global one, and an untied head (tied, its argmax follows the embeddings and would not notice a wrong window).
+ARCH_OVERRIDES = {"gemma3-270m": lambda layers: dict(
+    sliding_window=16, tie_word_embeddings=False, layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"])}
+
+
 def tiny(arch: str, layers: int, device="cpu"):
     """The random model of steps 2, 2b and 3: ``arch`` at its tiny size with ``layers`` layers, in fp32, the same
     weights on every device (one seed)."""
+    extra = ARCH_OVERRIDES[arch](layers) if arch in ARCH_OVERRIDES else {}
     return random_model(arch, small=True, num_hidden_layers=layers, device=device,
-                        **({"vocab_size": VOCAB} if VOCAB else {}))
+                        **({"vocab_size": VOCAB} if VOCAB else {}), **extra)
 
 
 def run_row(arch: str, model, engine, name: str, params: dict, i: int, ref: list[int], dtype, dev) -> dict:
@@ -407,7 +414,7 @@ def main(argv=None) -> int:
         NEW_TOKENS, VOCAB = 16, 8192
     print(f"gpu_check {'(dry run on the CPU) ' if args.cpu else ''}{json.dumps(environment(device))}")
     check = Check(out, args.budget, device)
-    archs = ["llama-3-8b-instruct", "vicuna-7b"]
+    archs = ["llama-3-8b-instruct", "vicuna-7b", "qwen3-8b", "gemma3-270m"]  # step 2: Llama, Qwen3, Gemma 3
     check.run("1 attention kernels (fp16)", attention, torch.float16 if not args.cpu else torch.float32)
     check.run("2 methods, fp32 = CPU greedy; fp16 divergences classified", methods, archs)
     check.run("2b sampling at T=1: every method = vanilla sampling", sampled, archs[0])

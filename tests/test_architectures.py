@@ -1,49 +1,96 @@
 """Every shipped model config's architecture, as a tiny random model: every method, on both engines, emits
-exactly ``generate``'s greedy tokens in fp32 (vocabulary size, grouped-query attention, head size, rotary
-base and scaling, tied or untied embeddings all vary between them)."""
+exactly ``generate``'s greedy tokens in fp32 (the architecture itself (Llama, Qwen2, Qwen3, Gemma 3), vocabulary
+size, grouped-query attention, head size, rotary base and scaling, sliding windows, tied or untied embeddings all
+vary between them)."""
 import pytest
 import torch
 
-from evaluation.shapes import LLAMA31_ROPE, SHAPES, tiny
-from methods.base import build_proposer
+from evaluation.shapes import SHAPES, tiny
+from methods.base import build_proposer, registry
 from methods.common import ROOT
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
+from methods.tree import Tree
 from tests.helpers import generate_greedy, tiny_llama
 
 CPU = torch.device("cpu")
-# One per distinct architecture: Vicuna 7B/13B/33B and Llama-2 share LLaMA's (test_one_architecture_per_config).
+# Gemma 3 as a tiny model: six layers (five sliding-window, one global, as its pattern), a window of 16 positions
+# that the prompts and answers outgrow, and an untied head (tied, its argmax follows the token embeddings and would
+# not notice a wrong window).
+GEMMA = dict(num_hidden_layers=6, sliding_window=16, tie_word_embeddings=False)
+# One per distinct architecture: Vicuna 7B/13B/33B and Llama-2 share LLaMA's, DeepSeek-R1-Distill-Llama-8B
+# Llama-3.1's (test_one_architecture_per_config).
 ARCHITECTURES = {"vicuna-7b": {}, "llama-2-7b-chat": {}, "llama-3-8b-instruct": {}, "smollm2-135m": {},
-                 "llama-3.1 rotary scaling": dict(rope_scaling=LLAMA31_ROPE, max_position_embeddings=131072)}
-METHODS = [("vanilla", {}), ("tr", {}), ("pld", {}), ("lookahead", {}), ("eagle", {"head": "random"}),
-           ("eagle2", {"head": "random", "total_tokens": 30})]
+                 "llama-3.1-8b-instruct": {}, "qwen2.5-7b-instruct": {}, "qwen3-8b": {}, "gemma3-270m": GEMMA}
+METHODS = sorted(registry())  # every registered method, with its example settings (Proposer.example)
 
 
 def test_one_architecture_per_config():
     assert sorted(SHAPES) == sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
-    for name in ("vicuna-13b", "vicuna-33b"):
-        assert {k: v for k, v in tiny(name).items() if k != "rms_norm_eps"} == \
-            {k: v for k, v in tiny("vicuna-7b").items() if k != "rms_norm_eps"}
+    same = {"vicuna-13b": "vicuna-7b", "vicuna-33b": "vicuna-7b",
+            "deepseek-r1-distill-llama-8b": "llama-3.1-8b-instruct"}
+    for name, like in same.items():
+        ignored = ("rms_norm_eps", "eos_token_id")
+        assert {k: v for k, v in tiny(name).items() if k not in ignored} == \
+            {k: v for k, v in tiny(like).items() if k not in ignored}
+    assert set(ARCHITECTURES) == set(SHAPES) - set(same)
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES), ids=list(ARCHITECTURES))
 def arch(request):
-    name = request.param
-    overrides = ARCHITECTURES[name]
-    model = tiny_llama(name.split(" ")[0] if name in SHAPES else "llama-3-8b-instruct", **overrides)
+    """``arch(layers)``: the architecture's tiny model of at least ``layers`` layers (EAGLE-3 reads layers 2, L/2
+    and L-3), its prompts and ``generate``'s tokens for each, built once per depth."""
+    name, built = request.param, {}
     prompts = [[5, 900, 17, 33, 4, 900, 17, 33, 4, 900, 17], list(range(1000, 1040)) + [1000, 1001, 1002]]
-    refs = [generate_greedy(model, p, 32) for p in prompts]
-    return model, prompts, refs
+
+    def make(layers: int):
+        overrides = ARCHITECTURES[name]
+        layers = max(layers, overrides.get("num_hidden_layers", 2))
+        if layers not in built:
+            model = tiny_llama(name, **{**overrides, "num_hidden_layers": layers})
+            built[layers] = model, prompts, [generate_greedy(model, p, 32) for p in prompts]
+        return built[layers]
+
+    return make
 
 
-@pytest.mark.slow  # 60 cases, vocabularies up to 128k: minutes on a CPU
+@pytest.mark.slow  # every method x 8 architectures x 2 engines, vocabularies up to 262k: minutes on a CPU
 @pytest.mark.parametrize("engine", [HFEngine, StaticEngine], ids=["hf", "static"])
-@pytest.mark.parametrize("method, params", METHODS, ids=[m for m, _ in METHODS])
-def test_every_method_equals_generate(arch, engine, method, params):
-    model, prompts, refs = arch
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_equals_generate(arch, engine, method, tmp_path):
+    cls = registry()[method]
+    model, prompts, refs = arch(cls.min_layers)
     e = engine(model)
+    params = cls.example(tmp_path, prompts)
     for prompt, ref in zip(prompts, refs):
         p = build_proposer(method, params, vocab_size=model.config.vocab_size, device=CPU, target=model)
         gen = generate(e, p, prompt, max_new_tokens=32, stop_ids=set())
         assert gen.token_ids == ref, (method, prompt[:3])
         assert sum(gen.accept_lengths) == len(gen.token_ids)
+
+
+@pytest.mark.parametrize("engine", [HFEngine, StaticEngine], ids=["hf", "static"])
+def test_sliding_window_layers_see_their_window_in_tree_and_batched_steps(engine):
+    """Gemma 3's sliding-window layers (window 16) in a tree step after 30 and after 45 committed tokens, the two
+    rows in one batched forward: every node's logits are the model's own over its prefix and path (which the
+    stock forward windows itself). Without the window they are off by tens (a wrong window moved no argmax on a
+    tied head, hence a logits check)."""
+    model = tiny_llama("gemma3-270m", **GEMMA)
+    tree = Tree.from_parents((-1, 0, 0, 1, 3))  # root, two children, a path of depth 3 under the first
+    tokens = torch.tensor([7, 8, 9, 10, 11])
+    prefixes = [torch.arange(200, 230), torch.arange(300, 345)]
+    e = engine(model)
+    e.start(128, rows=2)
+    for r, prefix in enumerate(prefixes):
+        e.open(r, 128)
+        e.forward(prefix, row=r)
+    outs = e.forward_rows([0, 1], [tokens, tokens], [tree, tree])
+    for prefix, (logits, _) in zip(prefixes, outs):
+        for node in range(len(tree.parents)):
+            path, at = [], node
+            while at >= 0:
+                path.insert(0, int(tokens[at]))
+                at = tree.parents[at]
+            with torch.no_grad():
+                want = model(torch.cat([prefix, torch.tensor(path)])[None]).logits[0, -1]
+            assert (logits[node] - want).abs().max() < 1e-3, node

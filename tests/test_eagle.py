@@ -144,6 +144,19 @@ def test_the_head_takes_its_own_rotary_base(tiny_model, tmp_path):
     assert _rope_error(head.rotary, torch.tensor([300, 511]), 16, 500000.0) < 1e-5
 
 
+def test_a_head_that_names_no_rotary_base_gets_eagles_default_not_the_targets(tmp_path):
+    """EAGLE builds a head whose config.json has no rope keys with base 10000, unscaled (``_init_rope``), as
+    EAGLE-3's Llama-3.1 head is, whatever its target's (500000 and Llama-3 scaling there)."""
+    from evaluation.shapes import random_model
+
+    target = random_model("llama-3.1-8b-instruct", small=True).config
+    save_eagle_head(tmp_path / "head", target)
+    head = load_head(str(tmp_path / "head"), target)
+    rope = head.config.rope_parameters
+    assert rope["rope_theta"] == 10000.0 and rope["rope_type"] == "default" and "factor" not in rope
+    assert _rope_error(head.rotary, torch.tensor([300, 511]), head.config.head_dim, 10000.0) < 1e-4  # fp32 angles
+
+
 @pytest.mark.parametrize("params, message", [
     ({"head": None}, "needs a draft head and the model config names none"),
     ({"head": "random", "topk": 0}, "method.topk must be an integer from 1 to 64"),

@@ -93,10 +93,15 @@ def test_device_auto_on_a_cpu_says_loudly_that_a_gpu_model_falls_back(tmp_path, 
     assert cpu_fallback(spec(tmp_path, device="auto", expects_gpu=False), torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize("model, repo", [("vicuna-7b", "lmsys/vicuna-7b-v1.3"),
-                                         ("llama-3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct")])
-def test_offline_first_run_fails_only_for_the_missing_download(model, repo, hub_cache, tmp_path, run_error):
-    said = run_error(f"model={model}", "method=eagle2", f"hydra.run.dir={tmp_path / 'run'}", base=())
+@pytest.mark.parametrize("model, repo, method", [
+    ("vicuna-7b", "lmsys/vicuna-7b-v1.3", "eagle2"),
+    ("llama-3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", "eagle2"),
+    ("llama-3.1-8b-instruct", "meta-llama/Llama-3.1-8B-Instruct", "eagle3"),
+    ("deepseek-r1-distill-llama-8b", "deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "eagle3"),
+    ("qwen3-8b", "Qwen/Qwen3-8B", "tr"),
+    ("qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B-Instruct", "tr")])
+def test_offline_first_run_fails_only_for_the_missing_download(model, repo, method, hub_cache, tmp_path, run_error):
+    said = run_error(f"model={model}", f"method={method}", f"hydra.run.dir={tmp_path / 'run'}", base=())
     assert said.err.strip().splitlines()[-1] == (
         f"error: the checkpoint is not in the local cache: download {repo} or set model.checkpoint=PATH (no network "
         f"here: run `hf download {repo}` where there is one and bring the folder (or the hub cache, HF_HUB_CACHE))")

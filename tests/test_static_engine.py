@@ -108,7 +108,7 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
     assert auto.forward(torch.tensor([1, 2, 3]))[0].shape == (3, 32)
     mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
-    with pytest.raises(HarnessError, match="engine=static runs Llama-architecture models; this one is 'mistral'"):
+    with pytest.raises(HarnessError, match="engine=static runs the llama, qwen2, qwen3, gemma3_text architectures; this model is 'mistral'. Use engine=hf"):
         build_engine(mistral, {"name": "static"})
 
 

@@ -13,7 +13,8 @@ Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`
 
 ``hf`` (eager, the reference): the unmodified Hugging Face model with a growing
     ``DynamicCache``; works for every architecture transformers loads.
-``static``: a lean forward of Llama-family models (Llama, Vicuna, SmolLM2) written
+``static``: a lean forward of the Llama, Qwen2, Qwen3 and Gemma 3 architectures (Vicuna,
+    Llama-2/3/3.1, SmolLM2, Qwen2.5, Qwen3, Gemma 3; ``arch`` holds what each adds to Llama's layer) written
     for decoding: a preallocated KV cache written by position (``kv.StaticKV``),
     rejected drafts left in place and masked (never copied away), the tree mask
     built on the device from the tree's ancestor matrix, rotary tables computed

@@ -5,14 +5,17 @@ row r's committed entries are its first ``length_of(r)`` slots, the rest of its 
 every row's tokens (padded to the widest, a row not stepping all padding) after the longest row, and ``commit``
 moves a row's accepted entries down to its own length (``kv.commit_row``). A prefill runs the row alone, on a cache
 of its own, and is then placed in its row (``kv.place_row``).
+
+A model with sliding-window layers (Gemma 3) keeps every position in every layer (``kv.new_cache``), and a step
+that passes its own mask (a tree, a batch) passes one per layer type, each narrowed to its window
+(``arch.hf_mask``), as the model's forward builds them when given none.
 """
 from __future__ import annotations
 
 import torch
 
-from methods.engine import kv
+from methods.engine import arch, kv
 from methods.engine.core import Engine
-from methods.tree import tree_mask
 
 
 class HFEngine(Engine):
@@ -41,8 +44,12 @@ class HFEngine(Engine):
     def _run(self, tokens, cache, past, tree, last_only, hidden):
         kwargs = {}
         if tree is not None and not tree.is_chain:
-            kwargs = dict(position_ids=(tree.depth + past).view(1, -1),
-                          attention_mask=tree_mask(tree, past, self.dtype))
+            n, dev = tree.ancestors.shape[0], self.device
+            positions = tree.depth + past
+            allowed = torch.cat([torch.ones(n, past, dtype=torch.bool, device=dev), tree.ancestors], 1)
+            keys = torch.cat([torch.arange(past, device=dev), positions])  # the slots' positions
+            kwargs = dict(position_ids=positions.view(1, -1),
+                          attention_mask=arch.hf_mask(self.model, allowed[None], positions[None], keys[None], self.dtype))
         out = self.model(input_ids=tokens.view(1, -1), past_key_values=cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **kwargs)
         if isinstance(hidden, tuple):
@@ -88,9 +95,9 @@ class HFEngine(Engine):
             else:
                 positions[r, :n] = tree.depth + length
                 allowed[r, :n, past:past + n] = tree.ancestors
+        keys = torch.cat([torch.arange(past, device=dev).expand(self.rows, past), positions], 1)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, position_ids=positions,
-                         attention_mask=torch.zeros(allowed[:, None].shape, dtype=self.dtype, device=dev).masked_fill_(
-                             ~allowed[:, None], torch.finfo(self.dtype).min),
+                         attention_mask=arch.hf_mask(self.model, allowed, positions, keys, self.dtype),
                          output_hidden_states=bool(hidden))
         if isinstance(hidden, tuple):
             states = torch.cat([out.hidden_states[i] for i in hidden], dim=-1)

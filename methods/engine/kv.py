@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    """A cache of full layers for every layer, sliding-window ones included (whose window the attention mask
+    applies): slots stay positions, so ``commit`` and ``truncate`` cut it where they mean to (transformers' own
+    sliding-window layers drop entries as they go)."""
+    cache = DynamicCache(config=model.config)  # one layer object per decoder layer from the start (place_row)
+    cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
+    return cache
 
 
 def length(cache: DynamicCache) -> int:

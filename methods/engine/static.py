@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.common import CACHE, HarnessError
-from methods.engine import kv
+from methods.engine import arch, kv
 from methods.engine.core import Engine
 from methods.engine.ops import Linear, can_pack, rotate_half, sync
 from methods.engine.tuning import choose_pack
@@ -19,14 +19,16 @@ INDUCTOR_CACHE = CACHE / "inductor"
 
 
 class _Layer:
-    """One Llama decoder layer on 2-D activations [n, hidden]."""
+    """One decoder layer on 2-D activations [n, hidden]: Llama's, with its architecture's parts (``arch``)."""
 
     def __init__(self, layer, pack: bool, expand_kv: bool):
         at, mlp = layer.self_attn, layer.mlp
+        self.plan = arch.layer_plan(layer)
+        self.window, self.rope = self.plan.window, self.plan.rope
         self.q, self.k, self.v, self.o = (Linear(m, pack) for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
         self.gate, self.up, self.down = (Linear(m, pack) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
-        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.norm1 = layer.input_layernorm
         self.heads, self.kv_heads, self.head_dim = at.config.num_attention_heads, at.config.num_key_value_heads, \
             at.head_dim
         self.scale = at.scaling
@@ -37,8 +39,8 @@ class _Layer:
         x [b, n, hidden] gives [b, heads, n, d] and [b, kv_heads, n, d], with cos, sin [b, 1, n, d])."""
         *lead, n, _ = x.shape
         h = self.norm1(x)
-        q = self.q(h).view(*lead, n, self.heads, self.head_dim).transpose(-3, -2)
-        k = self.k(h).view(*lead, n, self.kv_heads, self.head_dim).transpose(-3, -2)
+        q = self.plan.q_norm(self.q(h).view(*lead, n, self.heads, self.head_dim)).transpose(-3, -2)
+        k = self.plan.k_norm(self.k(h).view(*lead, n, self.kv_heads, self.head_dim)).transpose(-3, -2)
         v = self.v(h).view(*lead, n, self.kv_heads, self.head_dim).transpose(-3, -2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
@@ -58,9 +60,9 @@ class _Layer:
 
     def rest(self, x, o):
         """Post-attention: output projection, residual, MLP, residual."""
-        x = x + self.o(o)
-        h = self.norm2(x)
-        return x + self.down(self.act(self.gate(h)) * self.up(h))
+        x = x + self.plan.after_attention(self.o(o))
+        h = self.plan.before_mlp(x)
+        return x + self.plan.after_mlp(self.down(self.act(self.gate(h)) * self.up(h)))
 
 
 SPAN = 64  # attention reads the cache up to the committed length + n, rounded up to this many slots
@@ -81,7 +83,7 @@ def graph_sizes(sizes: list[int]) -> list[int]:
 
 
 class StaticEngine(Engine):
-    """The lean Llama forward over a preallocated cache (see the module docstring)."""
+    """The lean decoder forward over a preallocated cache (see the module docstring; its architectures: ``arch``)."""
 
     name = "static"
     ragged = True
@@ -89,10 +91,7 @@ class StaticEngine(Engine):
     def __init__(self, model, *, pack: bool | None = None, compile: bool = False, mode: str = "default",
                  threads: int | str | None = None):
         super().__init__(model)
-        cfg = model.config
-        if cfg.model_type != "llama":
-            raise HarnessError(f"engine=static runs Llama-architecture models; this one is '{cfg.model_type}'. "
-                              f"Use engine=hf")
+        self.plan = arch.plan(model)
         auto = pack is None
         if auto:
             pack = can_pack(self.device, self.dtype)
@@ -108,7 +107,7 @@ class StaticEngine(Engine):
         self.layers = [_Layer(layer, self.pack, self.expand_kv) for layer in inner.layers]
         self.head_dim = self.layers[0].head_dim
         self.cache: kv.StaticKV | None = None
-        self._rope = (torch.empty(0), torch.empty(0))
+        self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary table -> cos, sin [capacity, d]
         self._compiled = None  # the compiled steps (engine.compile)
         self.graphs: dict[int, float] = {}  # compiled step size -> seconds its compilation took (prepare)
         self.late: set[int] = set()  # sizes compiled inside a timed step (a proposer that did not declare them)
@@ -146,10 +145,9 @@ class StaticEngine(Engine):
             if self._compiled is not None and self.device.type == "cuda":  # CUDA graphs replay on it in place
                 for t in (*self.cache.row_keys, *self.cache.row_values):
                     torch._dynamo.mark_static_address(t)
-        if self._rope[0].shape[0] < n:
-            pos = torch.arange(self.cache.capacity, device=self.device)[None]
-            cos, sin = self.rotary(torch.empty(1, dtype=self.dtype, device=self.device), pos)
-            self._rope = (cos[0], sin[0])  # [capacity, head_dim]
+        if not self._rope or next(iter(self._rope.values()))[0].shape[0] < n:
+            self._rope = self.plan.rope_tables(self.rotary, self.dtype,
+                                               torch.arange(self.cache.capacity, device=self.device))
         return n
 
     @property
@@ -221,6 +219,15 @@ class StaticEngine(Engine):
             mask = torch.cat([mask, rel[None, :] == pad[:, None]])
         return mask
 
+    def _masks(self, mask: torch.Tensor, past: int, positions: torch.Tensor) -> dict[int | None, torch.Tensor]:
+        """``_mask``'s mask and, for each sliding window of the model's layers, its narrowing (``arch.window_mask``):
+        window -> [size, span]. The keys' positions: a committed slot's is its index, a new token's its own."""
+        if self.plan.windows == (None,):
+            return {None: mask}
+        keys = torch.arange(mask.shape[1], device=self.device)
+        keys[past:past + positions.shape[0]] = positions
+        return {w: arch.window_mask(mask, positions, keys, w) for w in self.plan.windows}
+
     def _positions(self, past: int, n: int, tree: Tree | None, size: int) -> torch.Tensor:
         """[size] positions of ``n`` new tokens after ``past`` (a tree's nodes at ``past + depth``); padding: ``past``."""
         if tree is None or tree.is_chain:
@@ -238,26 +245,27 @@ class StaticEngine(Engine):
         size = self._graph_size(n) if step else n
         span = self._room(past + size)
         keys, values = self.cache.row(row)
-        mask = self._mask(past, n, tree, span, size)
         positions = self._positions(past, n, tree, size)
+        masks = self._masks(self._mask(past, n, tree, span, size), past, positions)
         if size > n:  # padding nodes: each sees only itself, and is written past the step's own entries
             tokens = torch.cat([tokens, torch.zeros(size - n, dtype=tokens.dtype, device=self.device)])
-        cos, sin = self._rope[0][positions], self._rope[1][positions]
+        rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}
         slots = torch.arange(past, past + size, device=self.device)
         x = self.embed(tokens)
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
         if step and taps is None:  # one graph per size (steps that tap inner layers run eagerly)
-            for t, dim in ((mask, 1), (keys, 2), (values, 2)):  # any span, any cache capacity
+            for t, dim in (*((m, 1) for m in masks.values()), (keys, 2), (values, 2)):  # any span, any capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-            x = self._compiled(x, cos, sin, mask, slots, keys, values)[:n]
+            x = self._compiled(x, rope, masks, slots, keys, values)[:n]
         else:
-            x = self._layers(x, cos, sin, mask, slots, keys, values, hidden if taps is not None else (), taps)[:n]
+            x = self._layers(x, rope, masks, slots, keys, values, hidden if taps is not None else (), taps)[:n]
         self.cache.lengths[row] = past + n
         self.last_slots = size
         h = self.norm(x)
+        logits = self.plan.logits(self.lm_head, h[-1:] if last_only else h)
         if taps is not None:
-            return self.lm_head(h[-1:] if last_only else h), torch.cat(taps, dim=-1)[:n]
-        return self.lm_head(h[-1:] if last_only else h), (h if hidden else None)
+            return logits, torch.cat(taps, dim=-1)[:n]
+        return logits, (h if hidden else None)
 
     @torch.inference_mode()
     def forward_rows(self, rows, tokens, trees, *, hidden=False, keep=None):
@@ -272,9 +280,11 @@ class StaticEngine(Engine):
         dev, lengths = self.device, self.cache.lengths
         pasts = [lengths[r] for r in rows]
         spans = [self._room(p + n) for p, n in zip(pasts, counts)]  # each row's own, in whole spans
-        masks = [self._mask(p, n, tree, span, n) for p, n, tree, span in zip(pasts, counts, trees, spans)]
-        positions = torch.cat([self._positions(p, n, tree, n) for p, n, tree in zip(pasts, counts, trees)])
-        cos, sin = self._rope[0][positions], self._rope[1][positions]  # [T, d]
+        places = [self._positions(p, n, tree, n) for p, n, tree in zip(pasts, counts, trees)]
+        masks = [self._masks(self._mask(p, n, tree, span, n), p, at)
+                 for p, n, tree, span, at in zip(pasts, counts, trees, spans, places)]
+        positions = torch.cat(places)
+        rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}  # [T, d] each
         where = kv.StaticKV.places(rows, pasts, counts, dev)
         ends = torch.tensor(counts).cumsum(0).tolist()
         parts = list(zip(rows, [e - n for e, n in zip(ends, counts)], ends, spans, masks))
@@ -283,14 +293,14 @@ class StaticEngine(Engine):
         for i, layer in enumerate(self.layers):
             if taps is not None and i in hidden:
                 taps.append(x)
-            q, k, v = layer.qkv(x, cos, sin)  # [heads, T, d], [kv_heads, T, d]
+            q, k, v = layer.qkv(x, *rope[layer.rope])  # [heads, T, d], [kv_heads, T, d]
             keys, values = self.cache.write_tokens(i, where, k, v)  # [rows, kv_heads, capacity, d]
-            o = torch.cat([layer.attend(q[:, a:b], keys[r, :, :span], values[r, :, :span], mask)
+            o = torch.cat([layer.attend(q[:, a:b], keys[r, :, :span], values[r, :, :span], mask[layer.window])
                            for r, a, b, span, mask in parts])
             x = layer.rest(x, o)
         h = self.norm(x)
         kept = [torch.arange(e - k, e) for e, k in zip(ends, keep)]
-        logits = self.lm_head(h[torch.cat(kept).to(dev)]).split(keep)
+        logits = self.plan.logits(self.lm_head, h[torch.cat(kept).to(dev)]).split(keep)
         if taps is not None:
             states = torch.cat(taps, dim=-1).split(counts)
         else:
@@ -300,17 +310,18 @@ class StaticEngine(Engine):
         self.last_slots = ends[-1]
         return list(zip(logits, states))
 
-    def _layers(self, x, cos, sin, mask, slots, keys, values, layers=(), taps=None):
-        """The decoder layers over [n, hidden] activations; writes the n new entries into one row's cache
-        ``keys/values`` [layers, kv_heads, capacity, head_dim] and attends over the first ``mask.shape[1]``;
-        appends the input of every layer in ``layers`` to ``taps``."""
-        span = mask.shape[1]
+    def _layers(self, x, rope, masks, slots, keys, values, layers=(), taps=None):
+        """The decoder layers over [n, hidden] activations (``rope``: each rotary table's cos, sin [n, d]; ``masks``:
+        window -> [n, span]); writes the n new entries into one row's cache ``keys/values`` [layers, kv_heads,
+        capacity, head_dim] and attends over the first ``span``; appends the input of every layer in ``layers`` to
+        ``taps``."""
+        span = next(iter(masks.values())).shape[1]
         for i, layer in enumerate(self.layers):
             if i in layers:
                 taps.append(x)
-            q, k, v = layer.qkv(x, cos, sin)
+            q, k, v = layer.qkv(x, *rope[layer.rope])
             k, v = kv.StaticKV.write(keys, values, i, slots, k, v, span)
-            x = layer.rest(x, layer.attend(q, k, v, mask))
+            x = layer.rest(x, layer.attend(q, k, v, masks[layer.window]))
         return x
 
     @torch.inference_mode()

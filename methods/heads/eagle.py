@@ -54,6 +54,15 @@ class EagleHead(nn.Module):
 
 
 ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+EAGLE_ROPE = {"rope_theta": 10000.0}  # a head's config.json without rotary keys: EAGLE's own default (see head_rope)
+
+
+def head_rope(raw: dict) -> dict:
+    """The rotary settings of a published head's config.json ``raw``; where it names none, EAGLE's default base
+    10000 unscaled, as its code builds the head then (``_init_rope`` in eagle/model/cnets.py and cnets1.py,
+    SafeAILab/EAGLE cb7e084), not the target's (EAGLE-3's Llama-3.1 head lists none: its target has 500000 and
+    Llama-3 scaling)."""
+    return {k: raw[k] for k in ROPE_KEYS if k in raw} or dict(EAGLE_ROPE)
 
 
 def head_config(target_config, **overrides) -> LlamaConfig:
@@ -63,6 +72,7 @@ def head_config(target_config, **overrides) -> LlamaConfig:
     if any(k in overrides for k in ROPE_KEYS):
         for k in ROPE_KEYS:
             c.pop(k, None)
+    c.pop("layer_types", None)  # the target's, one per its layer: the head's one layer is a full-attention one
     c.update(num_hidden_layers=1, **overrides)
     config = LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "model_type")})
     config._attn_implementation = "sdpa"
@@ -95,7 +105,7 @@ def load_head(head: str, target_config) -> EagleHead:
         raise HarnessError(f"EAGLE head {folder} is for hidden size {raw.get('hidden_size')} and vocabulary "
                           f"{raw.get('vocab_size')}, the target has {target_config.hidden_size} and "
                           f"{target_config.vocab_size}: give the head trained for this model")
-    config = head_config(target_config, **{k: raw[k] for k in (*SHAPE_KEYS, *ROPE_KEYS) if k in raw})
+    config = head_config(target_config, **{k: raw[k] for k in SHAPE_KEYS if k in raw}, **head_rope(raw))
     bias = raw.get(BIAS_KEY, True)
     state = read_weights(folder, "EAGLE", IGNORED)
     want = expected_shapes(config, bias)

@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from methods import hub
 from methods.common import HarnessError, folder_replaced, write_json_atomic
 from methods.heads.eagle import (BIN_FILE, CONFIG_FILE, ROPE_KEYS, SAFETENSORS_FILE, SHAPE_KEYS, head_config,
-                                 read_weights)
+                                 head_rope, read_weights)
 from methods.heads.eagle_train import head_pass
 from methods.heads.fit import fit
 
@@ -107,7 +107,7 @@ def load_head(head: str, target_config) -> Eagle3Head:
     draft_vocab = raw.get("draft_vocab_size", vocab)
     if not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= vocab:
         raise HarnessError(f"EAGLE-3 head {folder}: draft_vocab_size {draft_vocab!r} must be in 1..{vocab}")
-    config = head_config(target_config, **{k: raw[k] for k in (*SHAPE_KEYS, *ROPE_KEYS) if k in raw})
+    config = head_config(target_config, **{k: raw[k] for k in SHAPE_KEYS if k in raw}, **head_rope(raw))
     config.head_dim = h // config.num_attention_heads
     state = read_weights(folder, "EAGLE-3", IGNORED)
     want = expected_shapes(config, draft_vocab, vocab)

@@ -1,0 +1,59 @@
+"""The second embedded model, Gemma 3 270M (``model=gemma3-270m``: another family than SmolLM2, a 262K-token
+SentencePiece vocabulary, sliding-window layers): its vanilla tokens are ``generate``'s on both engines, and every
+method that needs no trained artefact emits exactly vanilla's, on one question per Spec-Bench task (fp32, CPU)."""
+import pytest
+import torch
+
+from evaluation.config import compose_config
+from evaluation.data import load_bench
+from evaluation.models import load_model
+from evaluation.prompts import prompt_ids
+from evaluation.runner import Runner
+from tests.helpers import generate_greedy, shipped_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gemma")]
+MAX_NEW = 24
+QUESTIONS = load_bench(None, limit_per_category=1)
+METHODS = ["method=tr", "method=pld", "method=lookahead", "method=sam", "method=sam_tr", "method=sps"]
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    model, tok, device = load_model(shipped_spec("gemma3-270m", device="cpu", dtype="float32"))
+    return model, tok, device
+
+
+def answers(loaded, *overrides) -> dict[int, list[list[int]]]:
+    """Every question's tokens, turn by turn."""
+    cfg = compose_config(["model=gemma3-270m", *overrides, f"bench.max_new_tokens={MAX_NEW}", "model.device=cpu",
+                          "model.dtype=float32", "warmup=0"])
+    r = Runner(cfg, loaded=loaded)
+    return {q.question_id: r.answer(q)["choices"][0]["token_ids"] for q in QUESTIONS}
+
+
+@pytest.fixture(scope="module")
+def vanilla(gemma):
+    return answers(gemma, "method=vanilla")
+
+
+def test_it_is_gemma_3_as_converted_from_the_package(gemma):
+    model, tok, _ = gemma
+    cfg = model.config
+    assert (cfg.model_type, cfg.vocab_size, cfg.num_hidden_layers, cfg.head_dim, cfg.sliding_window) == \
+        ("gemma3_text", 262144, 18, 256, 512)
+    assert cfg.layer_types.count("full_attention") == 3 and len(tok) == 262144
+
+
+def test_vanilla_is_generate_on_both_engines(gemma, vanilla):
+    model, tok, _ = gemma
+    spec = shipped_spec("gemma3-270m")
+    for q in QUESTIONS[:3]:
+        ids = prompt_ids(spec, tok, q.turns[:1], [])
+        first = vanilla[q.question_id][0]  # the first turn (a stop string may end it before generate does)
+        assert first and first == generate_greedy(model, ids, MAX_NEW, eos_token_id=tok.eos_token_id)[:len(first)]
+    assert answers(gemma, "method=vanilla", "engine=hf") == vanilla
+
+
+@pytest.mark.parametrize("method", METHODS, ids=[m.split("=")[1] for m in METHODS])
+def test_every_method_is_lossless(gemma, vanilla, method):
+    assert answers(gemma, method) == vanilla
