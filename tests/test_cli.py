@@ -183,7 +183,7 @@ def _bad(tmp_path, *args):
 
 @pytest.mark.parametrize("args, message", [
     (["method=trr"], "method=trr: no such method (did you mean tr?); known: eagle,"),
-    (["model=gpt5"], "model=gpt5: no such model; known: llama-2-7b-chat,"),
+    (["model=gpt5"], "model=gpt5: no such model; known: deepseek-r1-distill-llama-8b, gemma3-270m,"),
     (["bench=nope"], "bench=nope: no such bench; known: spec_bench,"),
     (["model.checkpoint=/nonexistent/vicuna"], "model.checkpoint=/nonexistent/vicuna: no such folder here, and not a hub id"),
     (["bench.path=/nonexistent/q.jsonl"], "question file /nonexistent/q.jsonl does not exist"),

@@ -63,8 +63,10 @@ def test_a_misspelt_key_names_the_known_ones(monkeypatch, capsys, tmp_path, args
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=vicuna7b"], "model=vicuna7b: no such model (did you mean vicuna-7b?); known: llama-2-7b-chat, "
-                         "llama-3-8b-instruct, smollm2-135m, vicuna-13b, vicuna-33b, vicuna-7b"),
+    (["model=vicuna7b"], "model=vicuna7b: no such model (did you mean vicuna-7b?); known: "
+                         "deepseek-r1-distill-llama-8b, gemma3-270m, llama-2-7b-chat, llama-3-8b-instruct, "
+                         "llama-3.1-8b-instruct, qwen2.5-7b-instruct, qwen3-8b, smollm2-135m, vicuna-13b, vicuna-33b, "
+                         "vicuna-7b"),
     (["method=trr"], "method=trr: no such method (did you mean tr?); known: eagle, eagle2, eagle3, hydra,"),
     (["bench=spec_bench_smok"], "bench=spec_bench_smok: no such bench (did you mean spec_bench_smoke?); known: "
                                 "spec_bench, spec_bench_sample, spec_bench_smoke"),
