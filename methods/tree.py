@@ -300,11 +300,6 @@ def additive_mask(allowed: torch.Tensor, past: int, dtype: torch.dtype) -> torch
     return mask
 
 
-def tree_mask(tree: Tree, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, past + n] additive mask: 0 where a node may attend (the prefix, its ancestors), else the minimum."""
-    return additive_mask(tree.ancestors, past, dtype)
-
-
 def graft(tree: Tree, tokens: list[int], chain: list[int]) -> tuple[Tree, list[int]]:
     """A draft tree with ``chain`` (tokens to follow the root) added as a path from the root, sharing the
     tree's nodes where they already draft its first tokens: (the new tree, its tokens), breadth-first.

@@ -6,7 +6,7 @@ from methods.base import Draft, Proposer, build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
-from methods.tree import Tree, tree_mask
+from methods.tree import Tree, additive_mask
 from methods.verify import accept, greedy
 from tests.helpers import generate_greedy
 
@@ -39,7 +39,7 @@ def test_greedy_from_topk_breaks_ties_like_argmax(k):
 
 def test_tree_mask_shape_and_values():
     t = Tree.from_parents((-1, 0, 0, 1))
-    m = tree_mask(t, past=2, dtype=torch.float32)
+    m = additive_mask(t.ancestors, past=2, dtype=torch.float32)
     assert m.shape == (1, 1, 4, 6)
     allowed = (m[0, 0] == 0).int().tolist()
     assert allowed == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]]

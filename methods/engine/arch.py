@@ -113,17 +113,22 @@ def window_mask(mask: torch.Tensor, query_positions: torch.Tensor, key_positions
     return mask & (key_positions[..., None, :] > query_positions[..., :, None] - window)
 
 
-def hf_mask(model, allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
-            dtype: torch.dtype):
-    """The ``attention_mask`` a transformers model takes for ``allowed`` [b, n, kv] (bool: what each query may see;
-    positions [b, n] and [b, kv]): additive [b, 1, n, kv]; for a model with sliding-window layers, one such mask per
-    layer type (the mapping its forward builds itself when given none), each narrowed to its window."""
+def layer_windows(model) -> dict[str | None, int | None]:
+    """A transformers model's layer types and each one's sliding window (None: full attention)."""
+    layers = getattr(getattr(model, "model", None), "layers", [])
+    return {getattr(layer.self_attn, "layer_type", None): getattr(layer.self_attn, "sliding_window", None)
+            for layer in layers}
+
+
+def hf_mask(types: dict[str | None, int | None], allowed: torch.Tensor, query_positions: torch.Tensor,
+            key_positions: torch.Tensor, dtype: torch.dtype):
+    """The ``attention_mask`` a transformers model of layer ``types`` (``layer_windows``) takes for ``allowed``
+    [b, n, kv] (bool: what each query may see; positions [b, n] and [b, kv]): additive [b, 1, n, kv]; for a model
+    with sliding-window layers, one such mask per layer type (the mapping its forward builds itself when given
+    none), each narrowed to its window."""
     def additive(a: torch.Tensor) -> torch.Tensor:
         return torch.zeros(a.shape, dtype=dtype, device=a.device).masked_fill_(~a, torch.finfo(dtype).min)[:, None]
 
-    layers = getattr(getattr(model, "model", None), "layers", [])
-    types = {getattr(layer.self_attn, "layer_type", None): getattr(layer.self_attn, "sliding_window", None)
-             for layer in layers}
     if all(w is None for w in types.values()):
         return additive(allowed)
     return {t: additive(window_mask(allowed, query_positions, key_positions, w)) for t, w in types.items()}

@@ -28,6 +28,7 @@ class HFEngine(Engine):
         super().__init__(model)
         self.cache, self.rows, self.lengths = None, 1, [0]
         self._step = 0  # a batched step's first slot (where every row's new entries were appended)
+        self.windows = arch.layer_windows(model)  # layer type -> sliding window: the masks a step passes
         self.set_threads(threads)
 
     def start(self, capacity: int, rows: int = 1) -> None:
@@ -48,8 +49,8 @@ class HFEngine(Engine):
             positions = tree.depth + past
             allowed = torch.cat([torch.ones(n, past, dtype=torch.bool, device=dev), tree.ancestors], 1)
             keys = torch.cat([torch.arange(past, device=dev), positions])  # the slots' positions
-            kwargs = dict(position_ids=positions.view(1, -1),
-                          attention_mask=arch.hf_mask(self.model, allowed[None], positions[None], keys[None], self.dtype))
+            mask = arch.hf_mask(self.windows, allowed[None], positions[None], keys[None], self.dtype)
+            kwargs = dict(position_ids=positions.view(1, -1), attention_mask=mask)
         out = self.model(input_ids=tokens.view(1, -1), past_key_values=cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0, output_hidden_states=bool(hidden), **kwargs)
         if isinstance(hidden, tuple):
@@ -97,7 +98,7 @@ class HFEngine(Engine):
                 allowed[r, :n, past:past + n] = tree.ancestors
         keys = torch.cat([torch.arange(past, device=dev).expand(self.rows, past), positions], 1)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, position_ids=positions,
-                         attention_mask=arch.hf_mask(self.model, allowed, positions, keys, self.dtype),
+                         attention_mask=arch.hf_mask(self.windows, allowed, positions, keys, self.dtype),
                          output_hidden_states=bool(hidden))
         if isinstance(hidden, tuple):
             states = torch.cat([out.hidden_states[i] for i in hidden], dim=-1)
