@@ -119,12 +119,16 @@ def main(argv=None) -> None:
     ap.add_argument("--unroll", type=int, default=1,
                     help="train depths 1..N as drafting runs them: depth s>1 reads depth s-1's predicted feature")
     ap.add_argument("--init", help="start from this head (a folder in the published layout) instead of random")
+    ap.add_argument("--intermediate-size", type=int, default=None,
+                    help="the head's MLP width (default: the target's; narrower to fit the repository's file limit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, help="use only the first N prompts (a quick check)")
     ap.add_argument("--data", help="the generated-data file (default: data/cache/eagle/<model>/...)")
     args = ap.parse_args(argv)
-    if min(args.epochs, args.max_new_tokens, args.batch, args.unroll) < 1 or args.minutes <= 0:
-        raise HarnessError("--epochs, --minutes, --max-new-tokens, --batch and --unroll must be positive")
+    if min(args.epochs, args.max_new_tokens, args.batch, args.unroll, args.intermediate_size or 1) < 1 \
+            or args.minutes <= 0:
+        raise HarnessError("--epochs, --minutes, --max-new-tokens, --batch, --unroll and --intermediate-size must be "
+                           "positive")
     out = Path(args.out) if args.out else ROOT / "data" / "eagle" / args.model
     spec = model_spec(compose_config([f"model={args.model}", "model.dtype=float32"]))
     model, tok, device = load_model(spec)
@@ -137,7 +141,7 @@ def main(argv=None) -> None:
     print(f"{len(train)} training sequences ({tokens} response tokens), {len(val)} held out; "
           f"data took {data_minutes:.1f} min")
 
-    head = (load_head(args.init, model.config) if args.init else random_head(model.config, args.seed)).float().train()
+    head = (load_head(args.init, model.config) if args.init else random_head(model.config, args.seed, args.intermediate_size)).float().train()
     log = {"model": args.model,
            "prompts": "scripts/train_eagle.py training_prompts() + more_prompts() + passage_prompts()",
            "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),

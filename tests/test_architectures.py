@@ -8,7 +8,7 @@ import torch
 from evaluation.shapes import SHAPES, tiny
 from methods.base import build_proposer, registry
 from methods.common import ROOT
-from methods.decode import generate
+from methods.decode import Request, decode_batch, generate
 from methods.engine import HFEngine, StaticEngine
 from methods.tree import Tree
 from tests.helpers import generate_greedy, tiny_llama
@@ -94,3 +94,29 @@ def test_sliding_window_layers_see_their_window_in_tree_and_batched_steps(engine
             with torch.no_grad():
                 want = model(torch.cat([prefix, torch.tensor(path)])[None]).logits[0, -1]
             assert (logits[node] - want).abs().max() < 1e-3, node
+
+
+@pytest.mark.slow  # every method x the three architectures with their own layers x 2 engines
+@pytest.mark.parametrize("engine", [HFEngine, StaticEngine], ids=["hf", "static"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", ["qwen2.5-7b-instruct", "qwen3-8b", "gemma3-270m"], indirect=True)
+def test_every_method_equals_generate_batched(arch, engine, method, tmp_path):
+    """Qwen2's biases, Qwen3's q/k norms and Gemma 3's windows in batched steps: three requests through two
+    slots (the third takes the slot the first one frees; prompts prefilled in chunks of 5 along the steps where
+    the engine is ragged), every row exactly ``generate``'s tokens."""
+    cls = registry()[method]
+    model, prompts, refs = arch(cls.min_layers)
+    requests = prompts + [prompts[1][:9]]
+    refs = refs + [generate_greedy(model, requests[2], 32)]
+    params = cls.example(tmp_path, requests)
+    first = build_proposer(method, params, vocab_size=model.config.vocab_size, device=CPU, target=model)
+    queue, out = list(range(len(requests))), {}
+
+    def feed(slot, done):
+        if done is not None:
+            out[done[0].tag] = done[1]
+        return Request(requests[queue[0]], 32, tag=queue.pop(0)) if queue else None
+
+    decode_batch(engine(model), [first, first.fork()], feed, stop_ids=set(), prefill_chunk=5)
+    assert [out[i].token_ids for i in range(len(requests))] == refs, method
+    assert max(max(g.batch_rows or [1]) for g in out.values()) == 2  # rows were verified together
