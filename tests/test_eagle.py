@@ -8,7 +8,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
-from methods.heads.eagle import EagleHead, head_config, load_head, save_head
+from methods.heads.eagle import EagleHead, head_config, load_head, random_head, save_head
 from tests.checkpoints import hub_snapshot, save_eagle_head
 
 CPU = torch.device("cpu")
@@ -277,3 +277,11 @@ def test_the_drafts_lm_head_is_packed_as_the_engine_packs(tiny_model, pack):
     assert generate(engine, p, ids, max_new_tokens=12, stop_ids=set()).token_ids == \
         generate(engine, build_proposer("vanilla", {}, vocab_size=96, device=CPU), ids, max_new_tokens=12,
                  stop_ids=set()).token_ids
+
+
+def test_a_new_head_can_be_narrower_than_the_target(tiny_model):
+    """``scripts.train_eagle --intermediate-size``: a random head's MLP that wide, the rest the target's shapes."""
+    narrow, full = random_head(tiny_model.config, 0, 24), random_head(tiny_model.config, 0)
+    assert narrow.layers[0].mlp.up_proj.weight.shape == (24, tiny_model.config.hidden_size)
+    assert full.config.intermediate_size == tiny_model.config.intermediate_size != 24
+    assert narrow.fc.weight.shape == full.fc.weight.shape

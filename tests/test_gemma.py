@@ -1,6 +1,6 @@
 """The second embedded model, Gemma 3 270M (``model=gemma3-270m``: another family than SmolLM2, a 262K-token
 SentencePiece vocabulary, sliding-window layers): its vanilla tokens are ``generate``'s on both engines, and every
-method that needs no trained artefact emits exactly vanilla's, on one question per Spec-Bench task (fp32, CPU)."""
+method that needs no trained head emits exactly vanilla's, on one question per Spec-Bench task (fp32, CPU)."""
 import pytest
 import torch
 
@@ -14,7 +14,7 @@ from tests.helpers import generate_greedy, shipped_spec
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gemma")]
 MAX_NEW = 24
 QUESTIONS = load_bench(None, limit_per_category=1)
-METHODS = ["method=tr", "method=pld", "method=lookahead", "method=sam", "method=sam_tr", "method=sps"]
+METHODS = ["method=tr", "method=pld", "method=lookahead", "method=sam", "method=sam_tr", "method=sps", "method=rest"]
 
 
 @pytest.fixture(scope="module")
