@@ -141,7 +141,9 @@ def main(argv=None) -> None:
     print(f"{len(train)} training sequences ({tokens} response tokens), {len(val)} held out; "
           f"data took {data_minutes:.1f} min")
 
-    head = (load_head(args.init, model.config) if args.init else random_head(model.config, args.seed, args.intermediate_size)).float().train()
+    head = load_head(args.init, model.config) if args.init else \
+        random_head(model.config, args.seed, args.intermediate_size)
+    head = head.float().train()
     log = {"model": args.model,
            "prompts": "scripts/train_eagle.py training_prompts() + more_prompts() + passage_prompts()",
            "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),

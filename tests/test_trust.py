@@ -164,8 +164,9 @@ def test_a_busy_machine_is_named_and_a_quiet_one_is_not(tmp_path):
 @pytest.mark.alone
 def test_a_bench_beside_busy_loops_is_flagged_and_a_quiet_one_is_not(tmp_path, capsys):
     """The make-run path (scripts.bench_methods) on the embedded model, 2 questions of 12 tokens, on one thread:
-    beside as many busy loops as the machine has cores its table is flagged; alone it is not. (Marked alone: make test runs it
-    after the parallel tests, since the other pytest-xdist worker's subprocesses made the quiet run wait for a CPU.)"""
+    beside as many busy loops as the machine has cores its table is flagged; alone it is not. (Marked alone: make
+    test runs it after the parallel tests, since the other pytest-xdist worker's subprocesses made the quiet run
+    wait for a CPU.)"""
     import os
 
     from scripts import bench_methods

@@ -180,6 +180,7 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.fl
 def random_head(target_config, seed: int = 0, intermediate_size: int | None = None) -> EagleHead:
     """A new head of the target's shapes, its MLP ``intermediate_size`` wide where given (config.json records it)."""
     torch.manual_seed(seed)
-    head = EagleHead(head_config(target_config, **({"intermediate_size": intermediate_size} if intermediate_size else {})))
+    width = {"intermediate_size": intermediate_size} if intermediate_size else {}
+    head = EagleHead(head_config(target_config, **width))
     head.apply(lambda m: nn.init.normal_(m.weight, std=0.02) if isinstance(m, nn.Linear) else None)
     return head
