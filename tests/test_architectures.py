@@ -96,12 +96,13 @@ def test_sliding_window_layers_see_their_window_in_tree_and_batched_steps(engine
             assert (logits[node] - want).abs().max() < 1e-3, node
 
 
-@pytest.mark.slow  # every method x 2 architectures x 2 engines
+@pytest.mark.slow  # every method x 2 engines
 @pytest.mark.parametrize("engine", [HFEngine, StaticEngine], ids=["hf", "static"])
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("arch", ["qwen3-8b", "gemma3-270m"], indirect=True)
+@pytest.mark.parametrize("arch", ["gemma3-270m"], indirect=True)
 def test_every_method_equals_generate_batched(arch, engine, method, tmp_path):
-    """Qwen3's q/k norms and Gemma 3's windows in batched steps (Llama's: tests/test_batch.py): three requests
+    """Gemma 3's windows, which narrow each row's mask by its own positions, in batched steps (Llama's: tests/
+    test_batch.py; Qwen's norms and biases act per token, as the one-row test above holds them): three requests
     through two slots (the third takes the slot the first one frees; prompts prefilled in chunks of 5 along the
     steps where the engine is ragged), every row exactly ``generate``'s tokens."""
     cls = registry()[method]
