@@ -82,6 +82,25 @@ def graph_sizes(sizes: list[int]) -> list[int]:
     return sorted({1 << (n - 1).bit_length() for n in sizes})
 
 
+def _groups(rows: list[int], counts: list[int], spans: list[int], masks: list[dict]) -> list[tuple]:
+    """A packed forward's rows in runs that attend in one call: consecutive rows of as many tokens each, at
+    consecutive cache rows. Each run as (first cache row, rows g, tokens each n, first packed token, span, window
+    -> mask [g, 1, n, span]): the run's longest span, each row's mask padded with keys it does not see."""
+    runs, start = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or counts[i] != counts[start] or rows[i] != rows[i - 1] + 1:
+            runs.append(range(start, i))
+            start = i
+    out, first = [], 0
+    for run in runs:
+        span = max(spans[j] for j in run)
+        mask = {w: torch.stack([F.pad(masks[j][w], (0, span - spans[j])) for j in run])[:, None]
+                for w in masks[run[0]]}
+        out.append((rows[run[0]], len(run), counts[run[0]], first, span, mask))
+        first += len(run) * counts[run[0]]
+    return out
+
+
 class StaticEngine(Engine):
     """The lean decoder forward over a preallocated cache (see the module docstring; its architectures: ``arch``)."""
 
@@ -287,7 +306,7 @@ class StaticEngine(Engine):
         rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}  # [T, d] each
         where = kv.StaticKV.places(rows, pasts, counts, dev)
         ends = torch.tensor(counts).cumsum(0).tolist()
-        parts = list(zip(rows, [e - n for e, n in zip(ends, counts)], ends, spans, masks))
+        groups = _groups(rows, counts, spans, masks)
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
         x = self.embed(torch.cat(tokens))  # [T, hidden]
         for i, layer in enumerate(self.layers):
@@ -295,8 +314,10 @@ class StaticEngine(Engine):
                 taps.append(x)
             q, k, v = layer.qkv(x, *rope[layer.rope])  # [heads, T, d], [kv_heads, T, d]
             keys, values = self.cache.write_tokens(i, where, k, v)  # [rows, kv_heads, capacity, d]
-            o = torch.cat([layer.attend(q[:, a:b], keys[r, :, :span], values[r, :, :span], mask[layer.window])
-                           for r, a, b, span, mask in parts])
+            o = torch.cat([layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
+                                        keys[r:r + g, :, :span], values[r:r + g, :, :span],
+                                        mask[layer.window]).flatten(0, 1)
+                           for r, g, n, a, span, mask in groups])
             x = layer.rest(x, o)
         h = self.norm(x)
         kept = [torch.arange(e - k, e) for e, k in zip(ends, keep)]
