@@ -1,5 +1,6 @@
 """Helpers the test files share (the fixtures are in conftest.py): a command line in its own process, the one
-builder of small random models, greedy decoding by ``generate``, a shipped model config."""
+builder of small random models, greedy decoding by ``generate``, requests decoded in a batch, a shipped model
+config."""
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from evaluation.config import ModelSpec
 from methods.common import ROOT
+from methods.decode import Request, decode_batch
+from methods.sampling import Sampler, Sampling
 
 
 def cli(*args, check: bool = True, env: dict | None = None, timeout: int = 900, **kw) -> subprocess.CompletedProcess:
@@ -44,6 +47,28 @@ def generate_greedy(model, prompt: list[int], max_new_tokens: int, **kw) -> list
     """``model.generate``'s greedy continuation of ``prompt`` (new tokens only): what every method must emit."""
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **kw)
     return out[0, len(prompt):].tolist()
+
+
+def batched(engine, proposer, batch: int, prompts: list[list[int]], max_new: int, turns: list[int] | None = None,
+            sampling: Sampling | None = None, chunk: int = 0) -> list:
+    """Every prompt decoded in ``batch`` slots, a freed slot taking the next prompt (``turns``: each prompt's turn;
+    prompts prefilled in chunks of ``chunk`` tokens riding along the steps, where the engine is ragged): the
+    Generations in the prompts' order."""
+    turns = turns or [0] * len(prompts)
+    proposers = [proposer] + [proposer.fork() for _ in range(batch - 1)]
+    queue, out = list(range(len(prompts))), {}
+
+    def feed(slot, done):
+        if done is not None:
+            out[done[0].tag] = done[1]
+        if not queue:
+            return None
+        i = queue.pop(0)
+        sampler = Sampler(sampling, i, turns[i]) if sampling else None
+        return Request(prompts[i], max_new, turns[i], sampler, tag=i)
+
+    decode_batch(engine, proposers, feed, stop_ids=set(), prefill_chunk=chunk)
+    return [out[i] for i in range(len(prompts))]
 
 
 def shipped_spec(name: str, **overrides) -> ModelSpec:

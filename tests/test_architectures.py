@@ -8,10 +8,10 @@ import torch
 from evaluation.shapes import SHAPES, tiny
 from methods.base import build_proposer, registry
 from methods.common import ROOT
-from methods.decode import Request, decode_batch, generate
+from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
 from methods.tree import Tree
-from tests.helpers import generate_greedy, tiny_llama
+from tests.helpers import batched, generate_greedy, tiny_llama
 
 CPU = torch.device("cpu")
 # Gemma 3 as a tiny model: six layers (five sliding-window, one global, as its pattern), a window of 16 positions
@@ -111,13 +111,6 @@ def test_every_method_equals_generate_batched(arch, engine, method, tmp_path):
     refs = refs + [generate_greedy(model, requests[2], 32)]
     params = cls.example(tmp_path, requests)
     first = build_proposer(method, params, vocab_size=model.config.vocab_size, device=CPU, target=model)
-    queue, out = list(range(len(requests))), {}
-
-    def feed(slot, done):
-        if done is not None:
-            out[done[0].tag] = done[1]
-        return Request(requests[queue[0]], 32, tag=queue.pop(0)) if queue else None
-
-    decode_batch(engine(model), [first, first.fork()], feed, stop_ids=set(), prefill_chunk=5)
-    assert [out[i].token_ids for i in range(len(requests))] == refs, method
-    assert max(max(g.batch_rows or [1]) for g in out.values()) == 2  # rows were verified together
+    out = batched(engine(model), first, 2, requests, 32, chunk=5)
+    assert [g.token_ids for g in out] == refs, method
+    assert max(max(g.batch_rows or [1]) for g in out) == 2  # rows were verified together

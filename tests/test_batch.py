@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from methods.base import Proposer, build_proposer, registry
-from methods.decode import Request, decode_batch, generate
+from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
 from methods.sampling import Sampler, Sampling
+from tests import helpers
 
 CPU = torch.device("cpu")
 MAX_NEW = 24
@@ -29,22 +30,8 @@ def within_request(cls) -> bool:
 
 
 def batched(engine, proposer, batch: int, sampling: Sampling | None = None, chunk: int = 0):
-    """Every request decoded in ``batch`` slots (prompts prefilled in chunks of ``chunk`` tokens riding along the
-    steps, where the engine is ragged): {request index: Generation}."""
-    proposers = [proposer] + [proposer.fork() for _ in range(batch - 1)]
-    queue, out = list(range(len(PROMPTS))), {}
-
-    def feed(slot, done):
-        if done is not None:
-            out[done[0].tag] = done[1]
-        if not queue:
-            return None
-        i = queue.pop(0)
-        sampler = Sampler(sampling, i, TURNS[i]) if sampling else None
-        return Request(PROMPTS[i], MAX_NEW, TURNS[i], sampler, tag=i)
-
-    decode_batch(engine, proposers, feed, stop_ids=set(), prefill_chunk=chunk)
-    return [out[i] for i in range(len(PROMPTS))]
+    """Every request decoded in ``batch`` slots (``tests.helpers.batched`` over this file's requests)."""
+    return helpers.batched(engine, proposer, batch, PROMPTS, MAX_NEW, TURNS, sampling, chunk)
 
 
 def one_by_one(engine, proposer, sampling: Sampling | None = None):
@@ -102,6 +89,18 @@ def test_sampled_rows_draw_what_they_draw_alone(tiny_models, tmp_path, method):
                                                  settings)]
     got = batched(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model), 4, settings, 7)
     assert [g.token_ids for g in got] == reference
+
+
+def test_each_tr_row_learns_from_its_own_tokens(tiny_model):
+    """With a cold start each slot's matrix is its own, cleared at every first turn: each first turn drafts at
+    B = 4 exactly as at batch size 1 (the same accept lengths), so a row's verified nodes and their top-K reach its
+    own matrix, and a hot start's MAT under load moves only because its matrix is shared."""
+    engine = engines(tiny_model)["static"]
+    alone = one_by_one(engine, build_proposer("tr", {"start": "cold"}, vocab_size=96, device=CPU))
+    got = batched(engine, build_proposer("tr", {"start": "cold"}, vocab_size=96, device=CPU), 4)
+    first = [i for i, turn in enumerate(TURNS) if turn == 0]
+    assert [got[i].accept_lengths for i in first] == [alone[i].accept_lengths for i in first]
+    assert max(max(g.batch_rows or [1]) for g in got) == 4 and max(n for i in first for n in got[i].accept_lengths) > 1
 
 
 def test_batch_one_is_the_one_request_loop(tiny_model):

@@ -290,8 +290,9 @@ class StaticEngine(Engine):
     def forward_rows(self, rows, tokens, trees, *, hidden=False, keep=None):
         """One forward of several rows' steps (``Engine.forward_rows``), packed: the rows' tokens side by side as
         one sequence [sum of n, hidden] through every weight (no padding), each row's queries attending over its
-        own cache only (its own span: ``_mask`` of its prefix and tree); a row's entries are written at its own
-        slots (``kv.StaticKV.write_tokens``); the lm_head runs on the kept positions only."""
+        own cache only (``_mask`` of its prefix and tree; rows of as many tokens at consecutive cache rows in one
+        call, ``_groups``); a row's entries are written at its own slots (``kv.StaticKV.write_tokens``); the
+        lm_head runs on the kept positions only."""
         if len(rows) == 1:  # one row: forward (the compiled steps)
             return super().forward_rows(rows, tokens, trees, hidden=hidden, keep=keep)
         counts = [t.shape[0] for t in tokens]
