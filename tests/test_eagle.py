@@ -285,3 +285,22 @@ def test_a_new_head_can_be_narrower_than_the_target(tiny_model):
     assert narrow.layers[0].mlp.up_proj.weight.shape == (24, tiny_model.config.hidden_size)
     assert full.config.intermediate_size == tiny_model.config.intermediate_size != 24
     assert narrow.fc.weight.shape == full.fc.weight.shape
+
+
+def test_a_head_for_a_windowed_target_keeps_every_entry():
+    """A head for Gemma 3 (sliding-window layers of 512 positions): its one layer attends over the whole context,
+    so a cache made from its config keeps every entry past the target's window (``scripts.train_eagle``'s
+    validation drafts 525 positions in)."""
+    from transformers import Gemma3TextConfig
+
+    from evaluation.shapes import tiny
+
+    head = random_head(Gemma3TextConfig(**{k: v for k, v in tiny("gemma3-270m").items() if k != "model_type"}), 0)
+    cache = DynamicCache(config=head.config)
+    n = 525
+    with torch.no_grad():
+        head(torch.zeros(1, n, head.config.hidden_size), torch.zeros(1, n, head.config.hidden_size),
+             torch.arange(n)[None], torch.zeros(1, 1, n, n), cache)
+        out = head(torch.zeros(1, 1, head.config.hidden_size), torch.zeros(1, 1, head.config.hidden_size),
+                   torch.tensor([[n]]), torch.zeros(1, 1, 1, n + 1), cache)
+    assert cache.get_seq_length() == n + 1 and out.shape == (1, 1, head.config.hidden_size)

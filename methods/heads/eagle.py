@@ -72,7 +72,8 @@ def head_config(target_config, **overrides) -> LlamaConfig:
     if any(k in overrides for k in ROPE_KEYS):
         for k in ROPE_KEYS:
             c.pop(k, None)
-    c.pop("layer_types", None)  # the target's, one per its layer: the head's one layer is a full-attention one
+    for key in ("layer_types", "sliding_window"):  # the target's (Gemma 3's windows): the head's one layer is a
+        c.pop(key, None)  # full-attention one, and a cache made from its config keeps every entry
     c.update(num_hidden_layers=1, **overrides)
     config = LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "model_type")})
     config._attn_implementation = "sdpa"
