@@ -1,6 +1,6 @@
 """The second embedded model, Gemma 3 270M (``model=gemma3-270m``: another family than SmolLM2, a 262K-token
 SentencePiece vocabulary, sliding-window layers): its vanilla tokens are ``generate``'s on both engines, and every
-method whose artefacts the model config names (no trained heads yet) emits exactly vanilla's, on one question per
+method whose artefacts the model config names (its corpus, its EAGLE head) emits exactly vanilla's, on one question per
 Spec-Bench task (fp32, CPU)."""
 import pytest
 import torch
