@@ -61,8 +61,10 @@ def prepared(args, kind: str, layers=None) -> dict:
     tokens = sum(len(d["ids"]) - d["start"] for d in train)
     print(f"{len(train)} training sequences ({tokens} response tokens), {len(val)} held out; data took "
           f"{data_minutes:.1f} min")
-    log = {"model": args.model, "data": "scripts.train_eagle.build_data(passages=False): EAGLE's training prompts "
-                                        "(the first --limit) and the target's greedy answers",
+    source = (f"{args.data}: a data file of scripts.train_eagle.build_data" if args.data else
+              "scripts.train_eagle.build_data(passages=False): EAGLE's training prompts (the first --limit) and the "
+              "target's greedy answers")
+    log = {"model": args.model, "data": source,
            "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
            "data_minutes": round(data_minutes, 2), "args": vars(args)}
     out = Path(args.out) if args.out else ROOT / "data" / kind / args.model

@@ -1,5 +1,6 @@
 """EAGLE-3 (methods.proposers.eagle3): the engines' layer taps, the published layout computed as EAGLE-3 does,
 drafts from the head's own cache agreeing with a pass from scratch, lossless decoding."""
+import copy
 import math
 
 import pytest
@@ -163,6 +164,22 @@ def test_trained_head_learns_the_targets_tokens_and_loads_back(deep, tmp_path):
     back = load_head(str(tmp_path / "trained"), deep.config).eval()
     assert torch.equal(back.tokens(), tokens) and back.config.intermediate_size == deep.config.intermediate_size // 2
     assert eagle3.validate(back, embed, data[:8], 2) == pytest.approx(log["top1_per_depth"], abs=0.03)
+
+
+def test_features_beyond_fp16s_range_are_stored_finite(deep):
+    """A target whose residual stream passes fp16's 65,504 (Gemma 3's does) gets finite stored features (bf16
+    there), where fp16 would store inf and EAGLE-3's training would turn to NaN; small ones stay fp16."""
+    from methods.heads import eagle_train
+
+    big = copy.deepcopy(deep)
+    with torch.no_grad():
+        big.get_input_embeddings().weight.mul_(1e8)
+    seqs = [[5, 6, 7, 8, 9, 10]]
+    for model, dtype in ((deep, torch.float16), (big, torch.bfloat16)):
+        with torch.no_grad():
+            (record,) = eagle_train.features(model, seqs, [4], CPU, layers=(0, 2))
+        assert record["taps"].dtype == dtype and bool(record["taps"].float().isfinite().all())
+    assert record["taps"].float().abs().max() > 65504
 
 
 def test_at_temperature_it_samples_exactly_vanillas_tokens(deep, tmp_path):

@@ -73,18 +73,24 @@ def respond(model, prompts: dict[str, list[int]], max_new: int, batch: int, devi
     return [ids + done[p] for p, ids in prompts.items()], [len(ids) for ids in prompts.values()]
 
 
+def compact(x: torch.Tensor) -> torch.Tensor:
+    """Half the memory of fp32 for stored features: fp16, or bf16 where a value is beyond fp16's range (Gemma 3's
+    residual stream reaches past 65,504, which fp16 would store as inf)."""
+    return (x.half() if x.abs().max() < torch.finfo(torch.float16).max else x.bfloat16()).cpu()
+
+
 @torch.no_grad()
 def features(model, seqs: list[list[int]], starts: list[int], device, layers: tuple[int, ...] = ()) -> list[dict]:
-    """One training record per sequence: token ids, the target's last hidden states (fp16), its greedy next
-    token everywhere, and ``start``, where the response begins (the loss covers the response only); with
-    ``layers``, ``taps`` too: the inputs of those decoder layers side by side (fp16; EAGLE-3's features)."""
+    """One training record per sequence: token ids, the target's last hidden states (``compact``), its greedy
+    next token everywhere, and ``start``, where the response begins (the loss covers the response only); with
+    ``layers``, ``taps`` too: the inputs of those decoder layers side by side (``compact``; EAGLE-3's features)."""
     data = []
     for s, start in zip(tqdm(seqs, desc="features", unit="seq"), starts):
         out = model(torch.tensor([s], device=device), output_hidden_states=True)
-        data.append({"ids": torch.tensor(s), "feats": out.hidden_states[-1][0].half().cpu(),
+        data.append({"ids": torch.tensor(s), "feats": compact(out.hidden_states[-1][0]),
                      "greedy": out.logits[0].argmax(-1).cpu(), "start": start})
         if layers:
-            data[-1]["taps"] = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1).half().cpu()
+            data[-1]["taps"] = compact(torch.cat([out.hidden_states[i][0] for i in layers], dim=-1))
     return data
 
 
