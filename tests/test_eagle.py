@@ -304,3 +304,23 @@ def test_a_head_for_a_windowed_target_keeps_every_entry():
         out = head(torch.zeros(1, 1, head.config.hidden_size), torch.zeros(1, 1, head.config.hidden_size),
                    torch.tensor([[n]]), torch.zeros(1, 1, 1, n + 1), cache)
     assert cache.get_seq_length() == n + 1 and out.shape == (1, 1, head.config.hidden_size)
+
+
+def test_a_head_for_gemma_3_takes_one_rotary_setting():
+    """Gemma 3's rotary table is by layer type; a head's one layer takes the full-attention entry, and the shipped
+    Gemma head keeps the top-level setting it was trained with (base 10,000)."""
+    import json
+
+    from transformers import Gemma3TextConfig
+
+    from evaluation.shapes import tiny
+    from methods.common import ROOT
+    from methods.heads.eagle import head_config, head_rope
+
+    target = Gemma3TextConfig(**{k: v for k, v in tiny("gemma3-270m").items() if k != "model_type"})
+    full = target.rope_parameters["full_attention"]["rope_theta"]
+    assert full != target.rope_parameters["sliding_attention"]["rope_theta"]
+    assert head_config(target).rope_parameters["rope_theta"] == full
+    raw = json.loads((ROOT / "data/eagle/gemma3-270m/config.json").read_text())
+    config = head_config(target, **head_rope(raw))
+    assert config.rope_parameters["rope_theta"] == 10000.0 and "full_attention" not in config.rope_parameters

@@ -67,7 +67,9 @@ def head_rope(raw: dict) -> dict:
 
 def head_config(target_config, **overrides) -> LlamaConfig:
     """The head's config: the target's attention and MLP shapes, one layer; ``overrides`` from the head's own
-    config.json. Its rotary settings, when it has any, replace the target's (EAGLE's heads carry their own)."""
+    config.json. Its rotary settings, when it has any, replace the target's (EAGLE's heads carry their own).
+    A rotary table by layer type (Gemma 3's) gives its top-level settings where it has them (what a head saved
+    with such a table was trained with), else its full-attention layers' entry."""
     c = target_config.to_dict()
     if any(k in overrides for k in ROPE_KEYS):
         for k in ROPE_KEYS:
@@ -75,6 +77,10 @@ def head_config(target_config, **overrides) -> LlamaConfig:
     for key in ("layer_types", "sliding_window"):  # the target's (Gemma 3's windows): the head's one layer is a
         c.pop(key, None)  # full-attention one, and a cache made from its config keeps every entry
     c.update(num_hidden_layers=1, **overrides)
+    rope = c.get("rope_parameters")
+    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):
+        c["rope_parameters"] = {k: v for k, v in rope.items() if not isinstance(v, dict)} or \
+            dict(rope["full_attention"])
     config = LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "model_type")})
     config._attn_implementation = "sdpa"
     return config
