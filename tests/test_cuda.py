@@ -88,7 +88,11 @@ def test_gpu_check_dry_run(tmp_path):
     assert [(int(r["batch"]), int(r["nodes"])) for r in batched] == [(b, n) for b in (1, 2) for n in (1, 4, 81)]
     assert all(float(r["ms"]) > 0 and int(r["tokens_per_forward"]) == int(r["batch"]) * int(r["nodes"])
                and float(r["paper_speedup"]) > 0 and float(r["auto_speedup"]) >= 1 for r in batched)
-    assert {r["method"] for r in rows(tmp_path / "methods.csv")} == set(known_methods())  # every registered one
+    runs = rows(tmp_path / "methods.csv")
+    assert {r["method"] for r in runs} == set(known_methods())  # every registered one
+    assert {r["arch"].split()[0] for r in runs if r["dtype"] == "float32"} == \
+        {"llama-3-8b-instruct", "vicuna-7b", "qwen3-8b", "gemma3-270m"}  # fp16: the first one, in a dry run
+    assert {r["arch"].split()[0] for r in runs if r["dtype"] == "float16"} == {"llama-3-8b-instruct"}
     sampled = rows(tmp_path / "sampling.csv")
     assert {r["method"] for r in sampled} == set(known_methods()) and all(r["equal"] == "True" for r in sampled)
     assert "2b sampling at T=1" in log
