@@ -31,8 +31,8 @@ value:
    sooner as B grows, so this is where TR's gain under batching is decided.
 
 ``gpu_check.log`` has everything printed, the environment first. ``--cpu`` is a dry run of every step on
-the CPU with tiny shapes (the tests run it: 16 new tokens, an 8192-token vocabulary), so that the script is
-known to work before a GPU is lent.
+the CPU with tiny shapes (the tests run it: 16 new tokens, an 8192-token vocabulary, step 2's fp16 on the first
+architecture only), so that the script is known to work before a GPU is lent.
 """
 from __future__ import annotations
 
