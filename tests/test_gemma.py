@@ -1,10 +1,9 @@
 """The second embedded model, Gemma 3 270M (``model=gemma3-270m``: another family than SmolLM2, a 262K-token
 SentencePiece vocabulary, sliding-window layers): its vanilla tokens are ``generate``'s on both engines, and every
 method whose artefacts the model config names (its corpus, its trained heads) emits exactly vanilla's (fp32, CPU), on
-the first question of every other Spec-Bench task (a two-turn question, a 725-token prompt past the 512-token sliding
-window, and a short one), 16 tokens a turn, to keep make test short: every step of this model takes a 262K-wide row
-of logits. Every method on all six tasks, 60 questions and 128 tokens: results/MEASUREMENTS.md (every turn
-identical)."""
+two questions (mt_bench's first, both turns, and a 725-token summarization prompt past the 512-token sliding
+window), 16 tokens a turn, to keep make test short: every step of this model takes a 262K-wide row of logits.
+Every method on all six tasks, 60 questions and 128 tokens: results/MEASUREMENTS.md (every turn identical)."""
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from tests.helpers import generate_greedy, shipped_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gemma")]
 MAX_NEW = 16
-QUESTIONS = load_bench(None, limit_per_category=1)[::2]  # mt_bench (two turns), summarization, math_reasoning
+QUESTIONS = load_bench(None, limit_per_category=1)[:3:2]  # mt_bench (two turns), summarization
 # Every registered method whose artefacts (heads, corpus, drafter) the model config names: from the registry, so that
 # a head trained for Gemma brings its method in.
 _ARTEFACTS = compose_config(["model=gemma3-270m"]).model.artefacts
@@ -57,6 +56,8 @@ def test_it_is_gemma_3_as_converted_from_the_package(gemma):
 def test_vanilla_is_generate_on_both_engines(gemma, vanilla):
     model, tok, _ = gemma
     spec = shipped_spec("gemma3-270m")
+    assert [len(q.turns) for q in QUESTIONS] == [2, 1]
+    assert len(prompt_ids(spec, tok, QUESTIONS[1].turns, [])) > model.config.sliding_window
     for q in QUESTIONS:
         ids = prompt_ids(spec, tok, q.turns[:1], [])
         first = vanilla[q.question_id][0]  # the first turn (a stop string may end it before generate does)
