@@ -5,7 +5,6 @@ two questions (mt_bench's first, both turns, and a 725-token summarization promp
 window), 16 tokens a turn, to keep make test short: every step of this model takes a 262K-wide row of logits.
 Every method on all six tasks, 60 questions and 128 tokens: results/MEASUREMENTS.md (every turn identical)."""
 import pytest
-import torch
 
 from evaluation.config import compose_config
 from evaluation.data import load_bench
