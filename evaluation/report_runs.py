@@ -97,7 +97,8 @@ def load_run(file: Path, label: str | None = None) -> Run:
     if summary:
         params = dict(summary.get("config", {}).get("method", {}))
         params.pop("name", None)
-        params["engine"] = engine_name(summary.get("config", {}).get("engine"))
+        params["engine"] = engine_name(summary.get("config", {}).get("engine"), summary.get("engine"),
+                                       summary.get("environment", {}).get("device", "cpu"))
         sampling = sampling_label(summary.get("config", {}).get("sampling"))
         if sampling:
             params["sampling"] = sampling
@@ -154,15 +155,20 @@ def sampling_label(sampling: dict | None) -> str | None:
     return None if s.greedy else s.label()
 
 
-def engine_name(engine: dict | None) -> str:
-    """``hf``, ``static``, ``static(pack=false)``, ``static(compiled)`` or ``static(compiled:reduce-overhead)``
-    from a run's engine config (runs from before engines: ``hf``)."""
+def engine_name(engine: dict | None, ran: dict | None = None, device: str = "cpu") -> str:
+    """``hf``, ``static``, ``static(pack=false)``, ``static(compiled)``, ``static(compiled:reduce-overhead)``,
+    ``static(cuda-graphs)`` or, on a GPU, ``static(eager)`` from a run's engine config and what its summary says ran
+    (``ran``: ``Engine.summary()``; runs from before engines: ``hf``). A step's cost on a GPU depends on how it was
+    launched, so a GPU run's name always says it; on a CPU eager is the only step that is not named."""
     if not engine:
         return "hf"
     notes = [] if engine.get("pack", "auto") == "auto" else [f"pack={engine['pack']}"]
-    if engine.get("compile"):
-        mode = engine.get("compile_mode", "default")
-        notes.append("compiled" + ("" if mode == "default" else f":{mode}"))
+    step = (ran or {}).get("step") or {True: "inductor", "graphs": "cuda-graphs"}.get(engine.get("compile"), "eager")
+    if step.startswith("inductor"):
+        notes.append("compiled" + ("" if engine.get("compile_mode", "default") == "default"
+                                   else f":{engine['compile_mode']}"))
+    elif step != "eager" or device.startswith("cuda"):
+        notes.append(step)
     return engine["name"] + (f"({','.join(notes)})" if notes else "")
 
 

@@ -49,11 +49,15 @@ def _decode(prep: Preparation, proposer, prompts: int, tokens: int, warm: int) -
     return new, steps
 
 
+def calibration_name(model_name: str, k: int, start: str) -> str:
+    """The file name of a tree=auto calibration (in ``data/cache/autotree/``, or shipped in ``SHIPPED``)."""
+    return f"{model_name}-k{k}-{start}-{PROMPTS}x{TOKENS}-{len(CANDIDATES)}x{CANDIDATE_PROMPTS}x{CANDIDATE_TOKENS}.json"
+
+
 def calibration(tr, prep: Preparation) -> dict:
     """For ``tr``'s model, K and start policy: the acceptance table ``accept`` (p[depth-1][rank]) from the
     probe tree, the MAT ``measured`` with each candidate's grown tree, and ``source`` (cached)."""
-    name = (f"{prep.model_name}-k{tr.k}-{tr.start}-{PROMPTS}x{TOKENS}-"
-            f"{len(CANDIDATES)}x{CANDIDATE_PROMPTS}x{CANDIDATE_TOKENS}.json")
+    name = calibration_name(prep.model_name, tr.k, tr.start)
     file = prep.cache / "autotree" / name
     for known in (file, SHIPPED / name):
         if known.is_file():

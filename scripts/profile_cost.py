@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     dtype = next(model.parameters()).dtype
     engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
     engine = build_engine(model, engine_cfg)
-    kind = engine_name(engine_cfg)
+    kind = engine_name(engine_cfg, engine.summary(), str(device))
     env = environment(device, dtype)
     out = Path(args.out) if args.out else RESULTS / "cost" / f"{name}-{device.type}-{env['dtype']}-{kind}"
     rows = measure_cost(engine, args.tokens, args.contexts, args.repeats)

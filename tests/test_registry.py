@@ -60,7 +60,8 @@ from scripts import gpu_check
 gpu_check.NEW_TOKENS, gpu_check.VOCAB = 16, 8192  # as the dry run (--cpu)
 out = Path(sys.argv[1])
 check = gpu_check.Check(out, 300, torch.device("cpu"))
-print("VERDICT", gpu_check.methods(check, ["llama-3-8b-instruct"], [], only=("throwaway",)))
+print("VERDICT", gpu_check.lossless(check, [("llama-3-8b-instruct", torch.float32, ["hf", "static"], 2)],
+                                    only=("throwaway",)))
 print("VERDICT", gpu_check.sampled(check, "llama-3-8b-instruct", only=("throwaway",)))
 '''
 

@@ -307,6 +307,11 @@ def test_engine_names_tell_configurations_apart():
         "static(compiled)"
     assert engine_name({"name": "static", "pack": "auto", "compile": True, "compile_mode": "reduce-overhead"}) \
         == "static(compiled:reduce-overhead)"
+    auto = {"name": "static", "pack": "auto", "compile": "auto"}  # what ran is the summary's
+    assert engine_name(auto, {"step": "eager"}) == "static"
+    assert engine_name(auto, {"step": "eager"}, "cuda:0") == "static(eager)"  # a GPU run always says how it stepped
+    assert engine_name(auto, {"step": "cuda-graphs"}, "cuda:0") == "static(cuda-graphs)"
+    assert engine_name({"name": "hf"}, {"step": "eager"}, "cuda") == "hf(eager)"
 
 
 def steps_rec(qid, category, accepts, depths, drafters=None, turns=None):

@@ -85,8 +85,13 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
         build_engine(tiny_model, {"name": "turbo"})
     with pytest.raises(HarnessError, match="engine 'static' has no parameter.s. turbo; known: pack, compile"):
         build_engine(tiny_model, {"name": "static", "turbo": True})
-    with pytest.raises(HarnessError, match="engine.compile must be true or false"):
+    with pytest.raises(HarnessError, match="engine.compile must be one of auto, false, graphs, true, got 'yes'"):
         build_engine(tiny_model, {"name": "static", "compile": "yes"})
+    with pytest.raises(HarnessError, match="engine.compile=graphs records CUDA graphs, and this model is on the cpu"):
+        build_engine(tiny_model, {"name": "static", "compile": "graphs"})
+    auto = build_engine(tiny_model, {"name": "static"})  # compile=auto: eager on a CPU, and the summary says so
+    assert auto.summary()["step"] == "eager" and auto._graphs is None and auto._compiled is None
+    assert build_engine(tiny_model, {"name": "hf"}).summary()["step"] == "eager"
     with pytest.raises(HarnessError, match="engine.compile_mode must be one of default, reduce-overhead"):
         build_engine(tiny_model, {"name": "static", "compile": True, "compile_mode": "fastest"})
     with pytest.raises(HarnessError, match="engine.pack must be one of auto, true, false"):
@@ -110,6 +115,60 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(HarnessError, match="engine=static runs the llama, qwen2, qwen3, gemma3_text architectures; this model is 'mistral'. Use engine=hf"):
         build_engine(mistral, {"name": "static"})
+
+
+ARCHS = ["llama-3-8b-instruct", "vicuna-7b", "qwen3-8b", "qwen2.5-7b-instruct", "gemma3-270m"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_cuda_graph_step_is_the_eager_step(arch):
+    """engine.compile=graphs' step (``StaticEngine._step``: static shapes, the mask and positions computed from the
+    committed length and the tree's ancestors, a span bucket of masked slots, padding nodes) run eagerly on the CPU,
+    with grouped heads folded as on CUDA: every step's tokens equal ``model.generate`` for a tree (TR's paper tree),
+    chains padded to prepared sizes (PLD), hidden states handed on (EAGLE-2), past a sliding window (Gemma 3), after
+    the cache grew (its graphs dropped)."""
+    from methods.base import build_proposer
+    from methods.decode import generate
+    from scripts.gpu_check import ARCH_OVERRIDES
+
+    model = tiny_llama(arch, vocab_size=512, **(ARCH_OVERRIDES[arch](2) if arch in ARCH_OVERRIDES else {}))
+    engine = StaticEngine(model, pack=False, compile="graphs")
+    for layer in engine.layers:  # as on CUDA (folded heads; the CPU passes enable_gqa)
+        layer.fold = layer.heads != layer.kv_heads
+    engine.prepare_span = 256
+    steps = []
+    record = engine._graphs.step
+    engine._graphs.step = lambda span, *inputs: steps.append((span, inputs[0].shape[0])) or record(span, *inputs)
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(1, 512, (40,), generator=gen).tolist() * 2  # repeats: drafts get accepted
+    for name, params in [("tr", {}), ("pld", {}), ("eagle2", {"head": "random", "total_tokens": 16})]:
+        p = build_proposer(name, params, vocab_size=512, device=torch.device("cpu"), target=model)
+        engine.prepare(p.step_sizes())
+        for ids, new in ((prompt, 40), (prompt * 3, 16)):  # the second grows the cache: graphs dropped
+            before = len(steps)
+            got = generate(engine, p, ids, max_new_tokens=new, stop_ids=set())
+            assert got.token_ids == generate_greedy(model, ids, new), (arch, name)
+            assert len(steps) - before == len(got.accept_lengths) - got.prefill_step  # every step took that path
+    assert {n for _, n in steps} >= {81, 16, 2, 4}  # the paper tree, EAGLE-2's, PLD's chains padded
+    assert {s for s, _ in steps} >= {256, 512}
+
+
+def test_folded_grouped_heads_are_the_same_attention():
+    """Folding each K/V head's group of queries into its query rows (what CUDA runs) is ``enable_gqa``'s function."""
+    model = tiny_llama("llama-3-8b-instruct", vocab_size=512)
+    tree = Tree.from_parents((-1, 0, 0, 1, 2, 2))
+    gen = torch.Generator().manual_seed(6)
+    prompt, drafts = torch.randint(512, (70,), generator=gen), torch.randint(512, (6,), generator=gen)
+    out = []
+    for fold in (False, True):
+        engine = StaticEngine(model, pack=False)
+        for layer in engine.layers:
+            layer.fold = fold and layer.heads != layer.kv_heads
+        assert fold == any(layer.fold for layer in engine.layers)
+        engine.start(128)
+        engine.forward(prompt)
+        out.append(engine.forward(drafts, tree)[0])
+    _logits_close(out[0], out[1])
 
 
 @pytest.mark.slow  # torch.compile

@@ -17,7 +17,7 @@ from methods.common import ROOT
 LAYERS = [
     {"common"},
     {"params", "machine", "hub", "sampling"},
-    {"tree", "engine.ops", "engine.kv", "engine.arch"},
+    {"tree", "engine.ops", "engine.kv", "engine.arch", "engine.graphs"},
     {"base", "engine.tuning"},
     {"engine.core"},
     {"engine.hf", "engine.static"},

@@ -23,20 +23,27 @@ Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`
     kind (``choose_pack``; packing won 1.8-2.4x for the MLP weights on an AVX-512
     EPYC, 1.1-1.5x on an AVX2 EPYC, and lost 1.2x in float32 on an AMX Xeon).
 
-    ``engine.compile=true``: the decoder layers of every verification step run as a
-    ``torch.compile`` graph, one per step size (the number of tree nodes), static in
-    that size and dynamic only in the attention span and the cache capacity; the
-    prefill (its size is the prompt's) stays eager. The weights are the graph's
-    inputs, not packed for oneDNN (inductor's freezing would pack them but cannot cache
-    its artefacts); the compiled code is cached on disk (``data/cache/inductor``), so
-    only the first run pays for the code generation. ``prepare(sizes)`` compiles every
-    step size a proposer declares (``Proposer.step_sizes``) before anything is timed;
-    more than four sizes are padded up to powers of two (``graph_sizes``; a padding node
-    sees only itself and is never committed). ``engine.compile_mode`` is passed on
-    (``reduce-overhead`` adds CUDA graphs on a GPU).
+    ``engine.compile`` says how a verification step runs (the prefill, whose size is the prompt's, and the
+    batched steps of several rows stay eager); every run summary names it (``step``):
 
-    On CUDA, grouped K/V heads are expanded before attention: with a mask no fused
-    kernel takes ``enable_gqa`` (``sdpa_backend``; ``summary()`` records the kernel).
+    * ``auto`` (the default): ``graphs`` on CUDA, eager on a CPU (where eager measured faster than
+      torch.compile: results/MEASUREMENTS.md);
+    * ``false``: eager, one kernel launch per operation, as Spec-Bench's own scripts run (on a GPU, a 7B model's
+      step then costs what its launches cost, about the same for 1 and 128 tokens);
+    * ``graphs`` (CUDA only): the eager step recorded as a CUDA graph per step size and span bucket and replayed
+      (``graphs``: what is recorded, when, and why it is exact), as serving engines (vLLM, SGLang) capture theirs;
+    * ``true``: the decoder layers of every step as a ``torch.compile`` graph, one per step size, static in
+      that size and dynamic only in the attention span and the cache capacity. The weights are the graph's
+      inputs, not packed for oneDNN (inductor's freezing would pack them but cannot cache its artefacts); the
+      compiled code is cached on disk (``data/cache/inductor``), so only the first run pays for the code
+      generation. ``engine.compile_mode`` is passed on (``reduce-overhead`` adds CUDA graphs on a GPU).
+
+    With ``graphs`` or ``true``, ``prepare(sizes)`` readies every step size a proposer declares
+    (``Proposer.step_sizes``) before anything is timed; more than four sizes are padded up to powers of two
+    (``graph_sizes``; a padding node sees only itself and is never committed).
+
+    On CUDA, grouped K/V heads meet attention folded: each group's queries become its K/V head's query rows
+    (with a mask no fused kernel takes ``enable_gqa``: ``sdpa_backend``; ``summary()`` records the kernel).
 
 Both run on the CPU with ``engine.threads`` threads: ``auto`` takes ``OMP_NUM_THREADS`` where it is
 set (a launcher running jobs side by side sets it), else times a few forwards with each candidate
@@ -76,9 +83,10 @@ class StaticParams:
     pack: str | bool = param("auto", "auto: on the CPU, pack the weights for oneDNN if that times faster on this "
                              "machine kind (measured once, cached in data/cache/engine/, in the run summary)",
                              choices=("auto", True, False))
-    compile: bool = param(False, "true: every verification step runs as a torch.compile graph (one per step "
-                          "size), cached in data/cache/inductor; eager measured faster on the CPUs tried "
-                          "(results/MEASUREMENTS.md)")
+    compile: str | bool = param(AUTO, "how a verification step runs: auto (CUDA graphs on CUDA, eager on a CPU), "
+                                "false (eager), graphs (CUDA graphs of the eager step; CUDA only), true "
+                                "(torch.compile, cached in data/cache/inductor); named in the run summary",
+                                choices=(AUTO, False, "graphs", True))
     compile_mode: str = param("default", "torch.compile's mode; reduce-overhead adds CUDA graphs on a GPU",
                               choices=COMPILE_MODES)
     threads: int | str = _threads()
@@ -96,7 +104,12 @@ def build_engine(model, params: dict) -> Engine:
     p = parse(ENGINE_PARAMS[name], params, f"engine '{name}'", prefix="engine")
     if name == "hf":
         return HFEngine(model, threads=p.threads)
-    if p.compile:
+    cuda = model.device.type == "cuda"
+    compile = ("graphs" if cuda else False) if p.compile == AUTO else p.compile
+    if compile == "graphs" and not cuda:
+        raise HarnessError(f"engine.compile=graphs records CUDA graphs, and this model is on the {model.device.type}; "
+                           f"set engine.compile=auto (eager on a CPU) or run on a CUDA device")
+    if compile is True:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
-    return StaticEngine(model, pack=None if p.pack == AUTO else p.pack, compile=p.compile, mode=p.compile_mode,
+    return StaticEngine(model, pack=None if p.pack == AUTO else p.pack, compile=compile, mode=p.compile_mode,
                         threads=p.threads)

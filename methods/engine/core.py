@@ -18,7 +18,8 @@ class Engine:
     """Runs the target model over one sequence at a time (see the module docstring)."""
 
     name: str
-    expand_kv: bool  # grouped K/V heads are expanded before attention (sdpa_backend)
+    gqa = "enable_gqa"  # how grouped K/V heads meet attention with a mask (sdpa_backend)
+    step_mode = "eager"  # how a verification step runs (engine.compile: eager, cuda-graphs, inductor)
     ragged = False  # forward_rows runs rows of different sizes unpadded: a prompt's chunk may ride along a step
 
     def __init__(self, model):
@@ -110,8 +111,8 @@ class Engine:
         cfg = self.model.config
         heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        out = {"name": self.name, "attention": sdpa_backend(heads, kv_heads, head_dim, self.dtype, self.device,
-                                                            expand_kv=self.expand_kv)}
+        out = {"name": self.name, "step": self.step_mode, "attention": sdpa_backend(heads, kv_heads, head_dim, self.dtype, self.device,
+                                                            gqa=self.gqa)}
         if self.device.type == "cpu":
             out["threads"] = self.threads or torch.get_num_threads()
         if self.thread_choice is not None:
@@ -119,17 +120,20 @@ class Engine:
         return out
 
 
-def sdpa_backend(heads: int, kv_heads: int, head_dim: int, dtype, device, expand_kv: bool) -> dict:
+def sdpa_backend(heads: int, kv_heads: int, head_dim: int, dtype, device, gqa: str) -> dict:
     """The kernel ``scaled_dot_product_attention`` picks for a tree step: 8 queries, 64 keys, a bool mask.
 
     With grouped-query attention (``kv_heads < heads``) and a mask, no fused CUDA kernel takes ``enable_gqa``
-    (PyTorch falls back to the math path), so on CUDA the K/V heads are expanded first (``expand_kv``).
+    (PyTorch falls back to the math path), so on CUDA an engine either expands the K/V heads first (``gqa``
+    ``expanded``: transformers) or folds each group's queries into its K/V head's query rows (``folded``: the
+    static engine, ``static._Layer.attend``); ``enable_gqa`` passes the grouped heads as they are (the CPU).
     """
-    q = torch.zeros(1, heads, 8, head_dim, dtype=dtype, device=device)
-    k = torch.zeros(1, heads if expand_kv else kv_heads, 64, head_dim, dtype=dtype, device=device)
-    mask = torch.ones(8, 64, dtype=torch.bool, device=device)
-    return {"backend": sdpa_choice(q, k, k, mask),
-            "gqa": ("expanded" if expand_kv else "enable_gqa") if heads != kv_heads else "none"}
+    group = heads // kv_heads
+    rows = 8 * group if gqa == "folded" else 8
+    q = torch.zeros(1, kv_heads if gqa == "folded" else heads, rows, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(1, heads if gqa == "expanded" else kv_heads, 64, head_dim, dtype=dtype, device=device)
+    mask = torch.ones(rows, 64, dtype=torch.bool, device=device)
+    return {"backend": sdpa_choice(q, k, k, mask), "gqa": gqa if heads != kv_heads else "none"}
 
 
 def sdpa_choice(q, k, v, mask) -> str:

@@ -22,7 +22,7 @@ class HFEngine(Engine):
     """The stock Hugging Face forward over a ``DynamicCache`` (the reference)."""
 
     name = "hf"
-    expand_kv = True  # transformers expands grouped K/V heads itself when a mask is passed (its use_gqa_in_sdpa)
+    gqa = "expanded"  # transformers expands grouped K/V heads itself when a mask is passed (its use_gqa_in_sdpa)
 
     def __init__(self, model, *, threads: int | str | None = None):
         super().__init__(model)

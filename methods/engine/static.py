@@ -1,5 +1,6 @@
 """``engine=static``: a lean forward of Llama-family models over a preallocated cache (``methods.engine`` says
-how it differs from the hf engine; ``engine.compile`` runs its steps as torch.compile graphs)."""
+how it differs from the hf engine; ``engine.compile`` runs its steps as CUDA graphs, ``graphs``, or torch.compile
+graphs, ``true``)."""
 from __future__ import annotations
 
 import time
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from methods.common import CACHE, HarnessError
 from methods.engine import arch, kv
 from methods.engine.core import Engine
+from methods.engine.graphs import StepGraphs, buckets, span_bucket
 from methods.engine.ops import Linear, can_pack, rotate_half, sync
 from methods.engine.tuning import choose_pack
 from methods.tree import Tree
@@ -21,7 +23,7 @@ INDUCTOR_CACHE = CACHE / "inductor"
 class _Layer:
     """One decoder layer on 2-D activations [n, hidden]: Llama's, with its architecture's parts (``arch``)."""
 
-    def __init__(self, layer, pack: bool, expand_kv: bool):
+    def __init__(self, layer, pack: bool, fold_gqa: bool):
         at, mlp = layer.self_attn, layer.mlp
         self.plan = arch.layer_plan(layer)
         self.window, self.rope = self.plan.window, self.plan.rope
@@ -32,7 +34,7 @@ class _Layer:
         self.heads, self.kv_heads, self.head_dim = at.config.num_attention_heads, at.config.num_key_value_heads, \
             at.head_dim
         self.scale = at.scaling
-        self.expand = expand_kv and self.heads != self.kv_heads  # see sdpa_backend
+        self.fold = fold_gqa and self.heads != self.kv_heads  # see sdpa_backend
 
     def qkv(self, x, cos, sin):
         """Pre-attention: the rotated queries [heads, n, d] and keys and values [kv_heads, n, d] (a batch's rows:
@@ -46,16 +48,23 @@ class _Layer:
 
     def attend(self, q, keys, values, mask):
         """Attention of queries [heads, n, d] over keys and values [kv_heads, span, d] with ``mask`` [n, span] (a
-        batch's rows: [b, heads, n, d], [b, kv_heads, span, d], [b, 1, n, span]); returns [(b,) n, heads * d]."""
+        batch's rows: [b, heads, n, d], [b, kv_heads, span, d], [b, 1, n, span]); returns [(b,) n, heads * d].
+
+        ``fold``: the queries of each K/V head's group are folded into its query rows, [b, kv_heads, group * n, d]
+        (query head h reads K/V head h // group, as transformers' ``repeat_kv``; row g * n + i is head g's query
+        i, so the mask repeats group times), one attention without grouped heads: the fused CUDA kernels take no
+        ``enable_gqa`` with a mask, and expanding the keys instead copies the whole cache every layer."""
         rows = q.dim() == 4
         if not rows:
             q, keys, values = q[None], keys[None], values[None]
-        if self.expand:
+        b, _, n, d = q.shape
+        if self.fold:
             group = self.heads // self.kv_heads
-            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+            q = q.reshape(b, self.kv_heads, group * n, d)
+            mask = mask.repeat(group, 1) if mask.dim() == 2 else mask.repeat(1, 1, group, 1)
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale,
-                                           enable_gqa=self.heads != keys.shape[1])
-        o = o.transpose(1, 2).reshape(q.shape[0], q.shape[2], self.heads * self.head_dim)
+                                           enable_gqa=not self.fold and self.heads != self.kv_heads)
+        o = o.reshape(b, self.heads, n, d).transpose(1, 2).reshape(b, n, self.heads * d)
         return o if rows else o[0]
 
     def rest(self, x, o):
@@ -67,6 +76,8 @@ class _Layer:
 
 SPAN = 64  # attention reads the cache up to the committed length + n, rounded up to this many slots
 EXACT_GRAPHS = 4  # up to this many step sizes compile a graph each; more are padded to powers of two
+PREPARE_SPAN = 2048  # engine.compile=graphs: prepare records each step size's graphs for spans up to this
+STEPS = {False: "eager", True: "inductor", "graphs": "cuda-graphs"}  # engine.compile -> Engine.step_mode
 
 
 def graph_sizes(sizes: list[int]) -> list[int]:
@@ -107,8 +118,10 @@ class StaticEngine(Engine):
     name = "static"
     ragged = True
 
-    def __init__(self, model, *, pack: bool | None = None, compile: bool = False, mode: str = "default",
+    def __init__(self, model, *, pack: bool | None = None, compile: bool | str = False, mode: str = "default",
                  threads: int | str | None = None):
+        """``compile``: False (eager), ``"graphs"`` (CUDA graphs of the eager step; on a CPU its static-shape
+        step runs eagerly, for the tests) or True (torch.compile, ``mode``)."""
         super().__init__(model)
         self.plan = arch.plan(model)
         auto = pack is None
@@ -122,14 +135,19 @@ class StaticEngine(Engine):
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.lm_head = Linear(model.lm_head, pack)
         self.pack = pack and not compile
-        self.expand_kv = self.device.type == "cuda"
-        self.layers = [_Layer(layer, self.pack, self.expand_kv) for layer in inner.layers]
+        self.gqa = "folded" if self.device.type == "cuda" else "enable_gqa"  # see sdpa_backend
+        self.layers = [_Layer(layer, self.pack, self.gqa == "folded") for layer in inner.layers]
         self.head_dim = self.layers[0].head_dim
         self.cache: kv.StaticKV | None = None
         self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary table -> cos, sin [capacity, d]
-        self._compiled = None  # the compiled steps (engine.compile)
-        self.graphs: dict[int, float] = {}  # compiled step size -> seconds its compilation took (prepare)
+        self.step_mode = STEPS[compile] + (f":{mode}" if compile is True and mode != "default" else "")
+        self._compiled = None  # the torch.compile'd layers (engine.compile=true)
+        self._graphs = StepGraphs(self._step, self.device, self.device.type == "cuda") if compile == "graphs" \
+            else None  # the CUDA graphs (engine.compile=graphs)
+        self.graphs: dict[int, float] = {}  # prepared step size -> seconds its compilation took (engine.compile)
         self.late: set[int] = set()  # sizes compiled inside a timed step (a proposer that did not declare them)
+        self.graphs_error: str | None = None  # why CUDA graphs could not be recorded (the engine went on eagerly)
+        self.prepare_span = PREPARE_SPAN  # prepare records graphs for spans up to this (short sequences: less)
         self.pack_choice: dict | None = None  # engine.pack=auto: what was measured (choose_pack)
         self.set_threads(threads)  # first: the pack choice is timed, and cached, for the thread count used
         if auto and self.pack:  # measured; not under compile, whose graphs take the plain weights
@@ -139,7 +157,7 @@ class StaticEngine(Engine):
             if not self.pack:
                 for lin in self._linears():
                     lin.packed = None  # not kept twice
-        if compile:
+        if compile is True:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
 
@@ -148,6 +166,8 @@ class StaticEngine(Engine):
         if self.cache is None or self.cache.rows != rows:
             self.cache = kv.StaticKV(len(self.layers), self.model.config.num_key_value_heads, self.head_dim,
                                      0, self.dtype, self.device, rows)  # sized by _room
+            if self._graphs is not None:
+                self._graphs.clear()
         self.cache.lengths = [0] * rows
         self._room(capacity)
 
@@ -164,9 +184,13 @@ class StaticEngine(Engine):
             if self._compiled is not None and self.device.type == "cuda":  # CUDA graphs replay on it in place
                 for t in (*self.cache.row_keys, *self.cache.row_values):
                     torch._dynamo.mark_static_address(t)
+            if self._graphs is not None:  # recorded over the old cache's addresses
+                self._graphs.clear()
         if not self._rope or next(iter(self._rope.values()))[0].shape[0] < n:
             self._rope = self.plan.rope_tables(self.rotary, self.dtype,
                                                torch.arange(self.cache.capacity, device=self.device))
+            if self._graphs is not None:
+                self._graphs.clear()
         return n
 
     @property
@@ -178,23 +202,30 @@ class StaticEngine(Engine):
 
     @torch.inference_mode()
     def prepare(self, sizes: list[int] | None) -> None:
-        """Compile (engine.compile) a graph for every step size the proposer can produce, before any timing:
-        each is run three times on a dummy sequence (CUDA graphs record on the later runs)."""
-        if self._compiled is None or not sizes:
+        """Ready a graph for every step size the proposer can produce, before any timing: CUDA graphs
+        (``engine.compile=graphs``) for every span bucket up to ``prepare_span``; torch.compile
+        (``engine.compile=true``) runs each three times on a dummy sequence (CUDA graphs record on the later runs)."""
+        if not sizes or (self._compiled is None and self._graphs is None):
             return
-        for size in graph_sizes(sizes):
-            if size in self.graphs:
-                continue
+        todo = [size for size in graph_sizes(sizes) if size not in self.graphs]
+        if self._graphs is not None and todo:
+            self.start(self.prepare_span + max(todo))
+        for size in todo:
             chain = Tree.chain(size).to(self.device)
             tokens = torch.zeros(size, dtype=torch.long, device=self.device)
             self.graphs[size] = 0.0  # a prepared size from now on
             sync(self.device)
             t0 = time.perf_counter()
-            self.start(2 * SPAN + size)
-            self.forward(tokens[:1])  # the prefill (eager)
-            for _ in range(3):
-                self.forward(tokens, chain)
-                self.commit(1, [])
+            if self._graphs is not None:
+                for span in buckets(self.prepare_span):
+                    if span >= size:
+                        self._graphs(span, size, tokens, 0, chain, prepared=True)
+            else:
+                self.start(2 * SPAN + size)
+                self.forward(tokens[:1])  # the prefill (eager)
+                for _ in range(3):
+                    self.forward(tokens, chain)
+                    self.commit(1, [])
             sync(self.device)
             self.graphs[size] = time.perf_counter() - t0
 
@@ -212,6 +243,10 @@ class StaticEngine(Engine):
         out = {**super().summary(), "pack": self.pack, "compile": self._compiled is not None}
         if self.pack_choice is not None:
             out["pack_choice"] = self.pack_choice
+        if self._graphs is not None:
+            out["cuda_graphs"] = self._graphs.summary()
+        if self.graphs_error:
+            out["graphs_error"] = self.graphs_error
         if self._compiled is not None:
             out["compiled"] = {"graphs": sorted(self.graphs), "seconds": round(sum(self.graphs.values()), 2),
                                "compiled_while_timed": sorted(self.late)}
@@ -260,6 +295,8 @@ class StaticEngine(Engine):
     @torch.inference_mode()
     def forward(self, tokens, tree=None, *, row=0, last_only=False, hidden=False):
         n, past = tokens.shape[0], self.cache.lengths[row]
+        if self._graphs is not None and tree is not None and not isinstance(hidden, tuple) and self.cache.rows == 1:
+            return self._graph_forward(tokens, tree, past, last_only, hidden)
         step = self._compiled is not None and tree is not None  # a compiled step (the prefill stays eager)
         size = self._graph_size(n) if step else n
         span = self._room(past + size)
@@ -285,6 +322,47 @@ class StaticEngine(Engine):
         if taps is not None:
             return logits, torch.cat(taps, dim=-1)[:n]
         return logits, (h if hidden else None)
+
+    def _graph_forward(self, tokens, tree, past, last_only, hidden):
+        """``forward`` of a verification step as a CUDA graph (``methods.engine.graphs``; row 0 of a cache of one
+        row, no inner layers tapped); a graph that cannot be recorded leaves the engine eager, and says why in its
+        summary."""
+        n = tokens.shape[0]
+        size = self._graph_size(n)
+        span = span_bucket(past + size)
+        self._room(span)
+        try:
+            h = self._graphs(span, size, tokens, past, tree)[:n]
+        except RuntimeError as e:  # e.g. an operation a graph cannot record on this torch: eager from now on
+            self.graphs_error, self._graphs = f"{type(e).__name__}: {e}"[:300], None
+            self.step_mode = "eager (recording CUDA graphs failed)"
+            return self.forward(tokens, tree, last_only=last_only, hidden=hidden)
+        self.cache.lengths[0] = past + n
+        self.last_slots = size
+        logits = self.plan.logits(self.lm_head, h[-1:] if last_only else h)
+        return logits, (h.clone() if hidden else None)
+
+    def _step(self, span, tokens, past, depth, ancestors):
+        """A verification step of static shapes, from tensors only (what a CUDA graph records): ``tokens`` [size]
+        after ``past`` (0-d) committed entries of row 0, node i at position past + depth[i] seeing the prefix and
+        the nodes ``ancestors[i]`` (a padding node: itself), attending over the first ``span`` cache slots; writes
+        the step's KV entries at slots past.. and returns the last hidden states [size, hidden]. The same masks
+        as ``_mask`` and ``_masks`` (tests/test_static_engine.py checks them)."""
+        size, dev = tokens.shape[0], tokens.device
+        positions = depth + past
+        rel = torch.arange(span, device=dev) - past  # a slot's place among the new entries (< 0: committed)
+        new = (rel >= 0) & (rel < size)
+        at = rel.clamp(0, size - 1)
+        mask = (rel < 0) | (new & ancestors[:, at])  # [size, span]
+        if self.plan.windows == (None,):
+            masks = {None: mask}
+        else:
+            keys = torch.where(new, positions[at], torch.arange(span, device=dev))  # each slot's position
+            masks = {w: arch.window_mask(mask, positions, keys, w) for w in self.plan.windows}
+        rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}
+        keys, values = self.cache.row(0)
+        x = self._layers(self.embed(tokens), rope, masks, past + torch.arange(size, device=dev), keys, values)
+        return self.norm(x)
 
     @torch.inference_mode()
     def forward_rows(self, rows, tokens, trees, *, hidden=False, keep=None):
