@@ -1,12 +1,12 @@
 # make run: set up everything and run the main job on the embedded default model.
-# make test: set up everything and run the tests (all of them: what CI runs).
+# make test: set up everything and run the tests (what CI runs: all but the long tier, make test-long).
 # make test-fast: the unit tests and the tiny-model engine tests only (pytest -m "not slow"), in under 2 minutes.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup browser run test test-fast bench clean
+.PHONY: setup browser run test test-long test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,15 +29,15 @@ browser:
 		else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq \
 			&& $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; fi
 
-# The main job: vanilla, Token Recycling, PLD and Lookahead on the smoke sample, decoded side by side in one
-# process (the order rotating per question, so that a busy machine slows all alike); each checked token by token
-# against vanilla; then the main table, the figures and report.html (results/reports/smoke/).
+# The main job: vanilla, Token Recycling (the paper's tree, and tree=auto: the tree this machine can afford), PLD and
+# Lookahead on the smoke sample, decoded side by side in one process (the order rotating per question, so that a busy
+# machine slows all alike); each checked token by token against vanilla; then the main table, the figures and
+# report.html (results/reports/smoke/).
 SMOKE := results/bench/smoke
-METHODS := tr pld lookahead
 run: setup
-	$(PY) -m scripts.bench_methods "method=vanilla" $(foreach m,$(METHODS),"method=$(m)") --bench spec_bench_smoke \
-		--warmup 3 --out $(SMOKE)
-	for m in $(METHODS); do $(PY) -m evaluation.equal $(SMOKE)/vanilla $(SMOKE)/$$m || exit 1; done
+	$(PY) -m scripts.bench_methods "method=vanilla" "method=tr" "method=tr method.tree=auto" "method=pld" \
+		"method=lookahead" --bench spec_bench_smoke --warmup 3 --out $(SMOKE)
+	for m in tr tr,method.tree=auto pld lookahead; do $(PY) -m evaluation.equal $(SMOKE)/vanilla $(SMOKE)/$$m || exit 1; done
 	$(PY) -m evaluation.report $(SMOKE) --out results/reports/smoke
 
 # One worker per core (pytest-xdist), each on one OpenMP thread: most tests are small models whose steps gain
@@ -47,9 +47,15 @@ XDIST := -n auto --dist loadgroup
 # Tests marked alone need the machine to themselves (a quiet machine must not be flagged as busy, and the other
 # worker's subprocesses made it busy): they run after the parallel ones, in one process.
 test: setup browser
-	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not alone" --durations=15; rc=$$?; \
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not alone and not long" --durations=15; rc=$$?; \
 		OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 0 -m alone tests; rc2=$$?; \
 		echo "make test: $$(( $$(date +%s) - start )) s for the tests"; [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
+
+# The long tier: end-to-end cases on the embedded models that repeat what the tiny models prove (pyproject.toml's
+# markers); make test leaves them out.
+test-long: setup
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "long"; rc=$$?; \
+		echo "make test-long: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
 # Tests marked slow left out (pyproject.toml's markers: the embedded model end to end, subprocesses, training,
 # compilation).

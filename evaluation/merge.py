@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from evaluation.answers import ANSWERS, SUMMARY, folder_lock, read_answers, to_file
+from evaluation.records.answers import ANSWERS, SUMMARY, folder_lock, read_answers, to_file
 from methods.common import HarnessError, exit_on_error, read_json, write_json_atomic, write_jsonl_atomic
 
 
@@ -35,7 +35,7 @@ def merge(shard_dirs: list[Path], out: Path, mixed_machines: bool = False) -> Pa
 
 
 def _merge(shard_dirs: list[Path], out: Path, mixed_machines: bool) -> Path:
-    from evaluation.config import RESULT_NEUTRAL, config_mismatch
+    from evaluation.running.config import RESULT_NEUTRAL, config_mismatch
 
     summaries = []
     for d in shard_dirs:
@@ -53,7 +53,7 @@ def _merge(shard_dirs: list[Path], out: Path, mixed_machines: bool) -> Path:
             raise HarnessError(f"{d} splits another selection of questions or into another number of shards")
         if s.get("status") != "finished":
             raise HarnessError(f"{d} has not finished (status {s.get('status')!r}); resume it with the same command")
-    from evaluation.report_runs import machine_of
+    from evaluation.reporting.collect import machine_of
 
     kinds = {machine_of(s.get("environment")): d for d, s in zip(shard_dirs, summaries)}
     if len(kinds) > 1 and not mixed_machines:  # the merged run's timings would mix machines under one environment

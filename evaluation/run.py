@@ -2,8 +2,8 @@
 
     python -m evaluation.run method=vanilla model=smollm2-135m bench=spec_bench_smoke
 
-The command line of ``evaluation.runner.run`` (what it writes, how it resumes: there); the config is composed by
-Hydra from ``conf/`` and the registered methods and engines (``evaluation.config``). A launcher (``hydra/launcher``,
+The command line of ``evaluation.running.runner.run`` (what it writes, how it resumes: there); the config is composed by
+Hydra from ``conf/`` and the registered methods and engines (``evaluation.running.config``). A launcher (``hydra/launcher``,
 ``--multirun``) may run several jobs in this one process.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from evaluation.config import config_error, register
-from evaluation.models import release_devices
-from evaluation.runner import run
+from evaluation.running.config import config_error, register
+from evaluation.running.models import release_devices
+from evaluation.running.runner import run
 from methods.common import ROOT, HarnessError, exit_on_error
 
 
@@ -37,7 +37,7 @@ def _main(cfg: DictConfig) -> None:
 def _config_errors_in_one_line():
     """Hydra prints an error in composing the config (a misspelt key, an unknown ``model=`` option) over many lines
     and exits 1, from ``run_and_report``, which has no hook: while this holds, such an error is a HarnessError
-    (``evaluation.config.config_error``), and anything else goes to Hydra's report as before."""
+    (``evaluation.running.config.config_error``), and anything else goes to Hydra's report as before."""
     from hydra._internal import utils
     from hydra.errors import HydraException
 

@@ -9,7 +9,7 @@ written as overrides (settings that cannot change a result, ``RESULT_NEUTRAL``, 
 the harness gained after the run, which the run did not have); the questions answered of those selected; the
 status (``running`` while a live process holds the folder, else the summary's ``finished`` or ``interrupted``,
 which a run killed while its summary said ``running`` is too: rerun its command to resume); the overall MAT and
-tokens/s (``evaluation.metrics``). A markdown table, or CSV with ``--csv``. A folder that cannot be read is a row
+tokens/s (``evaluation.records.metrics``). A markdown table, or CSV with ``--csv``. A folder that cannot be read is a row
 with status ``unreadable`` and a note on stderr saying why; the rest are listed all the same.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.answers import ANSWERS, SUMMARY, flat_config, folder_in_use, read_answers
-from evaluation.config import RESULT_NEUTRAL
-from evaluation.metrics import OVERALL, task_table
-from evaluation.speed import markdown
+from evaluation.records.answers import ANSWERS, SUMMARY, flat_config, folder_in_use, read_answers
+from evaluation.running.config import RESULT_NEUTRAL
+from evaluation.records.metrics import OVERALL, task_table
+from evaluation.reporting.render import markdown
 from methods.common import RESULTS, HarnessError, exit_on_error, read_json
 
 COLUMNS = ["path", "method", "model", "bench", "settings", "answered", "status", "MAT", "tokens/s"]
@@ -53,7 +53,7 @@ def _defaults(method: str, model: str, bench: str) -> dict:
     changed)."""
     from omegaconf import OmegaConf
 
-    from evaluation.config import compose_config
+    from evaluation.running.config import compose_config
 
     cfg = compose_config([f"method={method}", f"model={model}", f"bench={bench}"])
     return flat_config(OmegaConf.to_container(cfg, resolve=True))

@@ -4,11 +4,11 @@
 
 RUN and BASELINE_RUN are run folders or answer files. Questions are paired by id.
 Prints a markdown table and saves speed.csv and speed.md (default: beside the
-first RUN). Definitions live in evaluation.metrics. Runs that sampled (their records'
+first RUN). Definitions live in evaluation.records.metrics. Runs that sampled (their records'
 ``sampling`` settings) get a ``sampling`` column, and each must have a baseline with the same
 settings: a speedup compares two ways of computing the same sample. Runs decoded under load
 (``runtime.batch_size`` above 1) get, on their overall row, their throughput and its speedup over
-the baseline's (``evaluation.metrics.batch_stats``, ``load_speedup``; the baseline at the same batch size).
+the baseline's (``evaluation.records.metrics.batch_stats``, ``load_speedup``; the baseline at the same batch size).
 """
 from __future__ import annotations
 
@@ -16,92 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from evaluation.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
-from evaluation.consistency import Side, check
-from evaluation.metrics import OVERALL, batch_stats, load_speedup, task_table
-from evaluation.report_runs import disturbance_note, sampling_label, spec_bench_tokens_of
-from methods.common import HarnessError, exit_on_error, write_text_atomic
-
-COLUMNS = {  # in this order; the 95% intervals of MAT and speedup (evaluation.metrics) beside them
-    "questions": "questions", "mat": "MAT", "mat_lo": "MAT 95% low", "mat_hi": "MAT 95% high",
-    "mat_specbench": "MAT (Spec-Bench)", "tok_per_s": "tokens/s", "baseline_tok_per_s": "baseline tokens/s",
-    "speedup": "speedup", "speedup_lo": "speedup 95% low", "speedup_hi": "speedup 95% high",
-    "mean_q_tok_per_s": "mean per-question tokens/s", "baseline_mean_q_tok_per_s": "baseline mean per-question tokens/s",
-    "speedup_specbench": "speedup (Spec-Bench)",
-    "throughput": "throughput (tokens/s)", "throughput_speedup": "speedup in throughput",  # batched runs only
-}
-
-
-def label(records: list[dict], path: str) -> str:
-    methods = {r.get("method") for r in records}
-    return methods.pop() if len(methods) == 1 and None not in methods else Path(path).stem
-
-
-def sampling_of(records: list[dict], path: str) -> str:
-    """``greedy`` or the settings (``T=0.7 seed=1``) the records sampled with (records from before sampling
-    existed: greedy); HarnessError when one file mixes settings."""
-    found = {sampling_label(r.get("sampling")) or "greedy" for r in records}
-    if len(found) > 1:
-        raise HarnessError(f"{path} mixes answers of different sampling settings ({', '.join(sorted(found))}); "
-                           f"keep one run's settings per answer file")
-    return found.pop() if found else "greedy"
-
-
-def speed_table(runs: list[str], baseline: str | None, allow_unfinished: bool = False) -> tuple[pd.DataFrame, list]:
-    """The table of ``runs`` against ``baseline``, and the notes it needs (unfinished runs compared on common
-    questions, a busy machine). Runs that cannot be compared with the baseline (``evaluation.consistency``) are
-    refused."""
-    base = read_answers(baseline) if baseline else None
-    base_tokens = spec_bench_tokens_of(baseline, base) if base is not None else None
-    tables, notes = [], []
-    records = [read_answers(path) for path in runs]
-    labels = [label(recs, path) for recs, path in zip(records, runs)]
-    twice = {name for name in labels if labels.count(name) > 1}  # two runs of one method: add their folders
-    labels = [f"{name} ({answer_file(run).parent.name})" if name in twice else name for name, run in zip(labels, runs)]
-    for path, recs, name in zip(runs, records, labels):
-        sampling = sampling_of(recs, path)
-        if base is not None:
-            mine, theirs = {r.get("model_id") for r in recs}, {r.get("model_id") for r in base}
-            if mine != theirs:
-                raise HarnessError(f"{path} answers with model(s) {sorted(map(str, mine))} but the baseline with "
-                                   f"{sorted(map(str, theirs))}; give a baseline run of the same model")
-            note = check([_side(path, recs), _side(baseline, base)], allow_unfinished=allow_unfinished,
-                         fix="give as --baseline the vanilla run of the same settings").note
-            notes += [note] if note and note not in notes else []
-            if not {r["question_id"] for r in recs} & {r["question_id"] for r in base}:
-                raise HarnessError(f"{path} and the baseline answer no question in common")
-        t = task_table(recs, base, base_tokens).reset_index()
-        t.insert(0, "method", name)
-        t.insert(1, "sampling", sampling)
-        tables.append(t)
-    _under_load(tables, records, base)
-    table = pd.concat(tables, ignore_index=True)
-    table = table[[c for c in table.columns if c in ("method", "sampling", "task") or c in COLUMNS]]
-    rows = list(zip(table["method"], table["task"], table["speedup"], table["mat"])) if "speedup" in table else []
-    busy = disturbance_note(dict(zip(labels, records)), rows)
-    table = table.rename(columns=COLUMNS)
-    table = table if (table["sampling"] != "greedy").any() else table.drop(columns="sampling")
-    return table, notes + ([busy] if busy else [])
-
-
-def _under_load(tables: list[pd.DataFrame], records: list[list[dict]], base: list[dict] | None) -> None:
-    """When a run was batched, every run's throughput and its speedup over the baseline's, on its overall row (a
-    throughput is the whole run's: the tasks' turns overlapped); "-" where a run recorded no clock."""
-    loads = [batch_stats(recs) for recs in records]
-    if not any((s["batch_size"] or 1) > 1 for s in loads):
-        return
-    for t, recs, s in zip(tables, records, loads):
-        t["throughput"] = [(s["throughput"] or "-") if task == OVERALL else "" for task in t["task"]]
-        if base is not None:
-            speedup = load_speedup(recs, base) or "-"
-            t["throughput_speedup"] = [speedup if task == OVERALL else "" for task in t["task"]]
-
-
-def _side(path: str, records: list[dict]) -> Side:
-    return Side(answer_file(path).parent if answer_file(path).name == ANSWERS else answer_file(path),
-                read_summary(path), records)
+from evaluation.records.answers import answer_file, read_summary, separate_runs_note
+from evaluation.reporting.render import markdown
+from evaluation.reporting.speed_table import speed_table
+from methods.common import exit_on_error, write_text_atomic
 
 
 @exit_on_error
@@ -122,16 +40,6 @@ def main(argv=None) -> int:
     print(md)
     print(f"-> {out / 'speed.csv'}, {out / 'speed.md'}")
     return 0
-
-
-def markdown(df: pd.DataFrame, digits: int = 3) -> str:
-    """A GitHub markdown table (pandas' own needs the tabulate package)."""
-    def cell(v):
-        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
-
-    rows = [list(map(str, df.columns)), ["---"] * len(df.columns)]
-    rows += [[cell(v) for v in r] for r in df.itertuples(index=False)]
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
 if __name__ == "__main__":

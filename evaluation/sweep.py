@@ -7,11 +7,11 @@ itself when it ends (the ``SweepTable`` Hydra callback), as ``sweep.csv`` and
 ``sweep.md`` in the sweep folder, and, given a baseline or when the sweep holds
 vanilla runs, the ``evaluation.report`` tables and figures in ``report/`` beside them
 (a sweep of several vanilla runs, as ``experiment=batch_sweep``'s one per batch size:
-the report pairs each run with its own). Numbers come from ``evaluation.metrics``.
+the report pairs each run with its own). Numbers come from ``evaluation.records.metrics``.
 Every sweep writes a new folder (its time in the name; a killed sweep resumes with
 ``hydra.sweep.dir=THAT_FOLDER``), each job starts with the line ``sweep job I of N``,
 and a folder whose runs differ in model, questions or new tokens, or are unfinished, is
-refused (``evaluation.consistency``; ``--allow-unfinished`` tabulates what has finished).
+refused (``evaluation.records.consistency``; ``--allow-unfinished`` tabulates what has finished).
 """
 from __future__ import annotations
 
@@ -23,14 +23,18 @@ from pathlib import Path
 import pandas as pd
 from hydra.experimental.callback import Callback
 
-from evaluation.answers import ANSWERS, SUMMARY, answer_file, read_answers, read_summary
-from evaluation.consistency import Side, check
-from evaluation.metrics import OVERALL, task_table
-from evaluation.speed import markdown
+from evaluation.records.answers import ANSWERS, SUMMARY, answer_file, read_answers, read_summary
+from evaluation.records.consistency import Side, check
+from evaluation.records.metrics import OVERALL, task_table
+from evaluation.reporting.columns import names
+from evaluation.reporting.render import markdown
 from methods.common import HarnessError, exit_on_error, write_text_atomic
 
 # Method facts from a run's summary worth a column, when the method reports them.
 STATE_COLUMNS = ("k", "tree", "tree_nodes", "tree_depth", "start")
+NAMES = names("speed")  # the overall row's numbers under their names (evaluation.reporting.columns)
+SHOWN = ["questions", "mat", "mat_specbench", "tok_per_s"]
+WITH_BASELINE = ["speedup", "speedup_lo", "speedup_hi"]
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -44,7 +48,7 @@ def _summary(run: Path) -> dict:
 def sweep_table(root: Path, baseline: str | None, allow_unfinished: bool = False) -> tuple[pd.DataFrame, str | None]:
     """The table, and the note it needs for unfinished runs (``allow_unfinished``). The runs of one table must
     share model, questions and new tokens, and each must have the baseline's sampling settings and batch size
-    (``evaluation.consistency``): a sweep folder reused with other settings is refused, not mixed."""
+    (``evaluation.records.consistency``): a sweep folder reused with other settings is refused, not mixed."""
     runs = find_runs(root)
     if not runs:
         raise HarnessError(f"no run folders (with {ANSWERS}) under {root}")
@@ -64,15 +68,13 @@ def sweep_table(root: Path, baseline: str | None, allow_unfinished: bool = False
         overall = task_table(records[run], base).loc[OVERALL]
         row = {"run": str(run.relative_to(root)) or ".", "method": summary.get("method", "?")}
         row.update({c: state[c] for c in STATE_COLUMNS if c in state})
-        row.update(questions=int(overall["questions"]), MAT=overall["mat"],
-                   **{"MAT (Spec-Bench)": overall["mat_specbench"], "tokens/s": overall["tok_per_s"]})
+        row.update({NAMES[k]: overall[k] for k in SHOWN})
+        row["questions"] = int(row["questions"])
         if base is not None:
-            row.update(speedup=overall["speedup"], **{"speedup 95% low": overall["speedup_lo"],
-                                                      "speedup 95% high": overall["speedup_hi"]})
+            row.update({NAMES[k]: overall[k] for k in WITH_BASELINE})
         rows.append(row)
     state = [c for c in STATE_COLUMNS if any(c in r for r in rows)]
-    columns = ["run", "method", *state, "questions", "MAT", "MAT (Spec-Bench)", "tokens/s"] + (
-        ["speedup", "speedup 95% low", "speedup 95% high"] if base is not None else [])
+    columns = ["run", "method", *state] + [NAMES[k] for k in SHOWN + (WITH_BASELINE if base is not None else [])]
     return pd.DataFrame([{c: r.get(c, "") for c in columns} for r in rows], columns=columns), note
 
 
@@ -91,7 +93,7 @@ def write_table(root: Path, baseline: str | None, allow_unfinished: bool = False
     print(md)
     print(f"-> {root / 'sweep.csv'}, {root / 'sweep.md'}")
     if baseline or vanilla:  # the paper outputs too: main table and figures (the ablation curves among them)
-        from evaluation.report import report
+        from evaluation.reporting.build import report
 
         try:  # several vanilla runs: the report gives each run its own (model, engine, sampling, batch size)
             files = report([str(root)], root / "report", baseline, allow_unfinished=allow_unfinished)["files"]

@@ -5,7 +5,7 @@ Two measurements, one model:
 * **acceptance** ``p[d][r]``: how often a draft of rank r at depth d is correct given
   that its parent is. Measured in a calibration pass: Token Recycling with the ``probe``
   tree (8 ranks at every depth to 8) decodes prompts of our own
-  (``evaluation.own_prompts``: none is a Spec-Bench question), so the questions being
+  (``evaluation.running.own_prompts``: none is a Spec-Bench question), so the questions being
   measured never inform the tree that measures them; the first prompt only warms the
   matrix. Acceptance depends on the model and K, not on the device: the table is cached
   under ``data/cache/autotree/``.

@@ -1,7 +1,7 @@
 """``method.tree=auto`` for a run: calibrate acceptance (cached), measure cost (every run), choose the tree.
 
 See ``methods.autotree`` for the model. Calibration decodes the project's own prompts
-(``Preparation.prompts``: ``evaluation.own_prompts.calibration_prompts``), never the benchmark's
+(``Preparation.prompts``: ``evaluation.running.own_prompts.calibration_prompts``), never the benchmark's
 questions, with Token Recycling's ``probe`` tree and the run's K and start policy (the first three
 quarters of the prompts only warm the matrix: a run's hot start drafts from a matrix that has seen
 many answers), then with the grown tree of every candidate size, whose MAT scores it. Both are cached
@@ -96,7 +96,7 @@ def calibration(tr, prep: Preparation) -> dict:
         done(f"{n} drafts: MAT {measured[n]:.2f}")
     bar.close()
     engine = prep.engine
-    source = {"prompts": f"evaluation.own_prompts.calibration_prompts({PROMPTS}), the first {warm} a warm-up",
+    source = {"prompts": f"evaluation.running.own_prompts.calibration_prompts({PROMPTS}), the first {warm} a warm-up",
               "max_new_tokens": TOKENS, "tree": "probe", "k": tr.k, "start": tr.start, "steps": steps,
               "candidates": f"grown trees of {list(CANDIDATES)} drafts, each on calibration_prompts("
                             f"{CANDIDATE_PROMPTS}) (the first {CANDIDATE_PROMPTS * 2 // 3} a warm-up), "
@@ -164,7 +164,7 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
     others -= len(probe.log)
     engine = prep.engine
     saved = {"chains": probe.log, "other_steps": others,
-             "source": {"prompts": f"evaluation.own_prompts.calibration_prompts({CHAIN_PROMPTS})",
+             "source": {"prompts": f"evaluation.running.own_prompts.calibration_prompts({CHAIN_PROMPTS})",
                         "max_new_tokens": CHAIN_TOKENS, "max_draft": probe.max_draft,
                         "threshold": proposer.threshold, "static_bias": proposer.static_bias,
                         "alpha": proposer.alpha, "walk": walk,

@@ -15,7 +15,7 @@ So ``sum(accept_lengths) == len(token_ids)`` and ``len(accept_lengths)`` is the
 number of target forwards, for every method (a proposer's ``ending`` adds forwards past the
 answer, counted apart: below). Beside each step's accept length the loop keeps
 its draft's size (nodes, the root included: the prefill step's is 0), the depth of its deepest
-acceptable draft (``draft_depths``: per-depth acceptance, ``evaluation.metrics``) and what the
+acceptable draft (``draft_depths``: per-depth acceptance, ``evaluation.records.metrics``) and what the
 proposer said of it (``Draft.info``, a hybrid's drafter).
 
 A proposer that sets ``drafts_first`` (Token Recycling and Lookahead, whose reference
@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,6 +70,7 @@ class Generation:
     batch_rows: list[int] | None = None  # per step, batched runs only: the rows its forward verified (prefill: 0)
     forward_slots: list[int] | None = None  # per step, batched runs only: the drafts' token positions that forward
     #   computed, padding included (hf: rows x the widest row's nodes; static, ragged: their sum; prefill: 0)
+    step_times: list[float] | None = None  # per step: seconds from the start (the prefill's) to its tokens' commit
 
     @property
     def wall_time(self) -> float:
@@ -106,6 +107,26 @@ class Request:
     tag: object = None  # the caller's, handed back with the Generation
 
 
+@dataclass
+class StepLog:
+    """What the loop records of each step of one request, the prefill's first (where it yields a token): the
+    ``Generation``'s per-step lists, appended together (``add``) so that they stay aligned."""
+
+    accept_lengths: list[int] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)  # the draft's size, the root included (prefill: 0)
+    depths: list[int] = field(default_factory=list)  # the deepest acceptable draft's depth (plain step: 0)
+    info: list[dict | None] = field(default_factory=list)  # the proposer's Draft.info
+    rows: list[int] = field(default_factory=list)  # the rows its forward verified (a batch; prefill: 0)
+    slots: list[int] = field(default_factory=list)  # the token positions its forward computed, padding included
+    times: list[float] = field(default_factory=list)  # seconds from the request's start to its tokens' commit
+
+    def add(self, accepted: int, time: float, nodes: int = 0, depth: int = 0, info: dict | None = None,
+            rows: int = 0, slots: int = 0) -> None:
+        for lst, value in ((self.accept_lengths, accepted), (self.times, time), (self.nodes, nodes),
+                           (self.depths, depth), (self.info, info), (self.rows, rows), (self.slots, slots)):
+            lst.append(value)
+
+
 class _Row:
     """One request in a batch's slot: its tokens and counts, and the steps of ``generate``'s loop."""
 
@@ -118,26 +139,26 @@ class _Row:
         self.ids = torch.empty(self.n_prompt + self.max_new, dtype=torch.long, device=engine.device)
         self.ids[:self.n_prompt] = torch.tensor(request.prompt_ids)
         self.new: list[int] = []
+        self.log = StepLog()
         self.tail: list[int] = []  # forwarded tokens past the answer: the last step's beyond its end, then the extras'
-        self.accept_lengths: list[int] = []
-        self.nodes: list[int] = []
-        self.depths: list[int] = []
-        self.info: list[dict | None] = []
-        self.rows: list[int] = []  # per step: the rows its forward verified (a batch)
-        self.slots: list[int] = []  # per step: the token positions its forward computed, padding included
         self.extra: list[int] = []
         self.ending = proposer.ending
         self.produced = 0  # tokens forwarded so far, tail included (the reference's count, for ``ending``)
         self.answered = False  # the answer is complete
         self.stopped = self.ending is None  # whether the proposer's reference has stopped
         self.first_token = None  # seconds from the start to the first new token
+        self.t0 = self.t1 = self.t2 = 0.0  # perf_counter at the start, the end of the prefill, the answer's end
+        self.first_step = False  # drafts_first: the prompt's last token is the first step's root (no prefill step)
+        self.todo = self.filled = 0  # prompt tokens to prefill, and in the cache so far
+        self.parts: list[tuple] = []  # the prompt chunks' (logits, states), where the proposer wants them all
 
     @property
     def finished(self) -> bool:
         return self.answered and self.stopped
 
-    def commit(self, tokens: list[int]) -> bool:
-        """Append a step's tokens, cut at the first stop token or the budget; True when generation ends."""
+    def commit(self, tokens: list[int], **step) -> None:
+        """Append a step's tokens, cut at the first stop token or the budget, and log the step (``StepLog.add``'s
+        ``step``); ``answered`` when generation ends there."""
         new = self.new
         kept = tokens[: self.max_new - len(new)]
         stop = next((i for i, t in enumerate(kept) if t in self.stop_ids), None)
@@ -146,10 +167,11 @@ class _Row:
         self.ids[self.n_prompt + len(new): self.n_prompt + len(new) + len(kept)] = torch.tensor(kept)
         new.extend(kept)
         self.tail.extend(tokens[len(kept):])
-        self.accept_lengths.append(len(kept))
+        now = time.perf_counter() - self.t0
+        self.log.add(len(kept), now, **step)
         if self.first_token is None and new:
-            self.first_token = time.perf_counter() - self.t0
-        return stop is not None or len(new) >= self.max_new
+            self.first_token = now
+        self.answered = stop is not None or len(new) >= self.max_new
 
     def open(self) -> None:
         """The row's cache is emptied, its clock started; the prompt is then prefilled, whole (``prefill``) or in
@@ -160,8 +182,6 @@ class _Row:
         self.t0 = time.perf_counter()
         self.first_step = self.proposer.drafts_first and self.n_prompt > 1
         self.todo = self.n_prompt - 1 if self.first_step else self.n_prompt  # drafts_first: all but its last token
-        self.filled = 0  # prompt tokens in the cache so far
-        self.parts: list[tuple] = []  # the chunks' (logits, states), where the proposer wants them all
 
     @property
     def filling(self) -> bool:
@@ -199,15 +219,13 @@ class _Row:
             proposer.sampler = self.sampler
         proposer.reset(prompt, self.request.turn, logits if proposer.wants_prompt_logits else None, states)
         if not self.first_step:
-            self.nodes.append(0), self.depths.append(0), self.info.append(None)
-            self.rows.append(0), self.slots.append(0)
             sampler, last = self.sampler, logits[-1:]
             first = int(last[0].argmax() if sampler is None else
                         sampler.draw(last, ZERO.to(self.engine.device), 0, 0)[0])
             if self.ending is not None:  # the prefill commits the prompt, so only its bonus can stop the reference
                 self.produced = 1
                 self.stopped = self.ending.ends([], first, self.produced, self.max_new, self.stop_ids)[0]
-            self.answered = self.commit([first])
+            self.commit([first])
         sync(self.engine.device)
         self.t1 = time.perf_counter()
         if self.answered:
@@ -239,9 +257,8 @@ class _Row:
             self.tail.extend(result.new_tokens)
             self.extra.append(len(result.new_tokens))
             return
-        self.answered = self.commit(result.new_tokens)
-        self.nodes.append(draft.tree.size), self.depths.append(draft.acceptable_depth), self.info.append(draft.info)
-        self.rows.append(rows), self.slots.append(slots)
+        self.commit(result.new_tokens, nodes=draft.tree.size, depth=draft.acceptable_depth, info=draft.info, rows=rows,
+                    slots=slots)
         if self.answered:
             sync(self.engine.device)
             self.t2 = time.perf_counter()
@@ -249,14 +266,14 @@ class _Row:
     def generation(self) -> Generation:
         sync(self.engine.device)
         t3 = time.perf_counter()
-        batched = any(r > 1 for r in self.rows)
-        return Generation(self.new, self.accept_lengths, self.t1 - self.t0, self.t2 - self.t1,
+        log, batched = self.log, any(r > 1 for r in self.log.rows)
+        return Generation(self.new, log.accept_lengths, self.t1 - self.t0, self.t2 - self.t1,
                           "eos" if self.new[-1] in self.stop_ids else "length",
-                          prefill_step=not self.first_step, draft_nodes=self.nodes, draft_depths=self.depths,
-                          step_info=self.info if any(i is not None for i in self.info) else None,
+                          prefill_step=not self.first_step, draft_nodes=log.nodes, draft_depths=log.depths,
+                          step_info=log.info if any(i is not None for i in log.info) else None,
                           extra_forwards=self.extra if self.ending is not None else None, extra_time=t3 - self.t2,
-                          first_token_time=self.first_token, clock=(self.t0, self.t2),
-                          batch_rows=self.rows if batched else None, forward_slots=self.slots if batched else None)
+                          first_token_time=self.first_token, clock=(self.t0, self.t2), step_times=log.times,
+                          batch_rows=log.rows if batched else None, forward_slots=log.slots if batched else None)
 
 
 Feed = Callable[[int, "tuple[Request, Generation] | None"], "Request | None"]

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from evaluation.config import compose_config, model_spec
-from evaluation.models import load_model
-from evaluation.runner import Runner
+from evaluation.running.config import compose_config, model_spec
+from evaluation.running.models import load_model
+from evaluation.running.runner import Runner
 from methods import machine
 from methods.common import exit_on_error
 

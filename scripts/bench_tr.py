@@ -13,9 +13,9 @@ import argparse
 
 from omegaconf import OmegaConf
 
-from evaluation.data import load_bench
-from evaluation.models import ModelSpec, load_model, stop_token_ids
-from evaluation.prompts import prompt_ids
+from evaluation.records.bench import load_bench
+from evaluation.running.models import ModelSpec, load_model, stop_token_ids
+from evaluation.running.prompts import prompt_ids
 from methods.base import build_proposer
 from methods.common import ROOT
 from methods.decode import PhaseTimer, generate

@@ -22,7 +22,7 @@ before it starts, goes on past a failing step, and writes its log and one CSV pe
    fp16 model, or a real mismatch), then Vicuna and Qwen3 in fp32 as time allows.
 5. ``sampling`` (``sampling.csv``): every method at temperature 1 (top-p 0.95) with CUDA graphs, token-identical to
    vanilla sampling on the device, and whether vanilla's samples there equal the CPU's.
-6. ``decode`` (``decode.csv``): ``scripts.bench_methods`` (the runner, its answer files and summaries) on a random
+6. ``decode`` (``decode.csv``): the side-by-side bench (the runner, its answer files and summaries) on a random
    Vicuna-7B-shaped model saved to disk with the embedded model's tokenizer (its vocabulary: 49,152): vanilla,
    TR (paper tree, and tree=auto from this device's cost curve), PLD and EAGLE-2 (random head) with CUDA graphs,
    vanilla and TR also eager, 256 new tokens: tokens/s, ms per step, tokens identical to eager vanilla's. Needs hydra-core, omegaconf
@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file, too
     sys.path.insert(0, str(ROOT))
 
-from evaluation.equal import classify  # noqa: E402
-from evaluation.shapes import SHAPES, random_model  # noqa: E402
+from evaluation.records.equality import classify  # noqa: E402
+from scripts.shapes import random_model  # noqa: E402
 from methods.autotree import choose_tree, cost_curve, measure_cost  # noqa: E402
 from methods.base import build_proposer, registry  # noqa: E402
 from methods.calibrate import SHIPPED, calibration_name  # noqa: E402
@@ -247,8 +247,8 @@ def verdict(rows: list[dict], what: str) -> str:
     reference and the device model (built differently), not hundreds of methods."""
     bad = [r for r in rows if not r["ok"]]
     if rows and len(bad) == len(rows) and all(str(r["first_divergence"]) == "0" for r in bad):
-        return (f"FAILED: every run diverges at token 0: the reference and the device model differ (how were they "
-                f"built?), not the methods")
+        return ("FAILED: every run diverges at token 0: the reference and the device model differ (how were they "
+                "built?), not the methods")
     return f"FAILED: {len(bad)} of {len(rows)} runs differ from {what}" if bad else \
         f"ok: {len(rows)} runs as required against {what}"
 
@@ -470,11 +470,12 @@ EAGER = 2  # the first two also eagerly (vanilla and TR's paper tree: Spec-Bench
 
 
 def decode(check: Check, shape: str, new_tokens: int, question: int) -> str:
-    """``scripts.bench_methods`` on a random ``shape`` model saved with the embedded model's tokenizer: every
-    ``DECODE_METHODS`` as ``engine.compile=auto`` runs it here, the first ``EAGER`` also eagerly, side by side;
-    per method its tokens/s, ms per step and MAT, tokens against eager vanilla's (bench_methods' own check)."""
+    """``evaluation.running.side_by_side`` (the runner, its answer files and summaries, as ``scripts.bench_methods``
+    runs it) on a random ``shape`` model saved with the embedded model's tokenizer: every ``DECODE_METHODS`` as
+    ``engine.compile=auto`` runs it here, the first ``EAGER`` also eagerly, side by side; per method its tokens/s, ms
+    per step and MAT, and its tokens against eager vanilla's."""
     try:
-        from scripts import bench_methods
+        from evaluation.running import side_by_side as sbs
     except ImportError as e:
         return f"skipped: {e} (carry hydra-core, omegaconf, antlr4-python3-runtime and fschat as wheels)"
     from transformers import AutoTokenizer
@@ -498,29 +499,29 @@ def decode(check: Check, shape: str, new_tokens: int, question: int) -> str:
         stand_in.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(SHIPPED / calibration_name("smollm2-135m", 8, "hot"), stand_in)
         runs = [f"{m} engine.compile=false" for m in DECODE_METHODS[:EAGER]] + DECODE_METHODS
+        common = ["bench=spec_bench_smoke", "warmup=1", "model=vicuna-7b", f"model.name={name}",
+                  f"model.checkpoint={tmp}/model", f"bench.max_new_tokens={new_tokens}",
+                  f"bench.question_ids=[{question}]"]
         try:
-            code = bench_methods.main(runs + ["--bench", "spec_bench_smoke", "--warmup", "1", "--out", f"{tmp}/runs",
-                                              "--set", "model=vicuna-7b", f"model.name={name}",
-                                              f"model.checkpoint={tmp}/model",
-                                              f"bench.max_new_tokens={new_tokens}", f"bench.question_ids=[{question}]"])
-        except SystemExit as e:  # a one-line error (exit 2): said above
-            return f"FAILED: bench_methods exited {e.code}"
+            b = sbs.compose(runs, common, 1)
+            sbs.load(b)
+            sbs.warm_up(b, 1)
+            sbs.decode(b, progress=False)
+            sbs.write(b, Path(tmp) / "runs")
+            lines, unequal = sbs.check(b, Path(tmp) / "runs")
         finally:
             stand_in.unlink(missing_ok=True)
-        rows = []
-        for run in runs:
-            label = run.replace("method=", "").replace(" ", ",")
-            summary = json.loads(Path(f"{tmp}/runs/{label}/summary.json").read_text())
-            recs = [json.loads(line) for line in open(f"{tmp}/runs/{label}/answers.jsonl")]
-            c = [r["choices"][0] for r in recs]
-            tokens, seconds = sum(sum(x["new_tokens"]) for x in c), sum(sum(x["wall_time"]) for x in c)
-            steps = sum(sum(x["decoding_steps"]) for x in c)
-            after_prefill = steps - sum(sum(x["prefill_step"]) for x in c)
-            rows.append({"run": label, "step": summary["engine"]["step"], "tokens": tokens,
-                         "tok_per_s": round(tokens / seconds, 2),
-                         "ms_per_step": round(1000 * sum(sum(x["decode_time"]) for x in c) / max(after_prefill, 1), 3),
-                         "mat": round(tokens / steps, 3),
-                         "graphs": json.dumps(summary["engine"].get("cuda_graphs", ""))})
+    print("\n".join(lines))
+    rows = []
+    for label, recs in b.records.items():
+        c = [r["choices"][0] for r in recs]
+        tokens, seconds = sum(sum(x["new_tokens"]) for x in c), sum(sum(x["wall_time"]) for x in c)
+        steps = sum(sum(x["decoding_steps"]) for x in c)
+        after_prefill = steps - sum(sum(x["prefill_step"]) for x in c)
+        engine = b.runners[label].engine.summary()
+        rows.append({"run": label, "step": engine["step"], "tokens": tokens, "tok_per_s": round(tokens / seconds, 2),
+                     "ms_per_step": round(1000 * sum(sum(x["decode_time"]) for x in c) / max(after_prefill, 1), 3),
+                     "mat": round(tokens / steps, 3), "graphs": json.dumps(engine.get("cuda_graphs", ""))})
     base = {}
     for r in rows:
         if r["run"].split(",")[0] == "vanilla":
@@ -530,7 +531,7 @@ def decode(check: Check, shape: str, new_tokens: int, question: int) -> str:
         print(f"{r['run']:45s} {r['step']:12s} {r['tok_per_s']:9.1f} tok/s {r['ms_per_step']:8.2f} ms/step "
               f"MAT {r['mat']:.2f}  {r['speedup_vs_vanilla_same_step']:.2f}x vanilla ({r['step']})")
     check.csv("decode.csv", rows)
-    return "ok" if code == 0 else "FAILED: bench_methods found tokens unequal to eager vanilla's (see above)"
+    return "ok" if not unequal else f"FAILED: not token-identical to eager vanilla: {unequal}"
 
 
 # ---- the check -----------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
     python -m scripts.make_sam_corpus --from-corpus data/sam/smollm2-135m.npz --layout reference --out PATH
 
 Without ``--texts``: the target's own greedy answers to our own prompts, EAGLE's first training set
-(``evaluation.own_prompts.training_prompts()`` and ``more_prompts()``, none a Spec-Bench question) but
+(``evaluation.running.own_prompts.training_prompts()`` and ``more_prompts()``, none a Spec-Bench question) but
 the prompts that ``max_draft=auto`` calibrates on (``methods.calibrate.CHAIN_PROMPTS``), each
 sequence the prompt in the model's template followed by its answer, as SAM-Decoding builds its
 corpus from prompts and responses (its ``tools/gen_sam_alpaca.py``). The answers are generated
@@ -31,10 +31,10 @@ import argparse
 import time
 from pathlib import Path
 
-from evaluation.config import compose_config, model_spec
-from evaluation.models import load_model
-from evaluation.own_prompts import calibration_prompts, more_prompts, training_prompts
-from evaluation.prompts import prompt_ids
+from evaluation.running.config import compose_config, model_spec
+from evaluation.running.models import load_model
+from evaluation.running.own_prompts import calibration_prompts, more_prompts, training_prompts
+from evaluation.running.prompts import prompt_ids
 from methods.calibrate import CHAIN_PROMPTS
 from methods.common import CACHE, ROOT, HarnessError, exit_on_error, read_jsonl
 from methods.heads import eagle_train
@@ -83,7 +83,7 @@ def main(argv=None) -> None:
     if args.texts and args.from_corpus:
         raise HarnessError("give --texts or --from-corpus, not both")
     if args.texts or args.from_corpus:
-        from evaluation.models import load_tokenizer
+        from evaluation.running.models import load_tokenizer
 
         tok = load_tokenizer(spec)
     if args.texts:
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
         sequences, _ = eagle_train.respond(model, ids, MAX_NEW_TOKENS, args.batch, device, pad_id=pad,
                                            eos_id=tok.eos_token_id, store=store)
         about = {"model": args.model, "prompts": len(prompts), "max_new_tokens": MAX_NEW_TOKENS,
-                 "source": "the target's greedy answers to evaluation.own_prompts training_prompts() + more_prompts(), "
+                 "source": "the target's greedy answers to evaluation.running.own_prompts training_prompts() + more_prompts(), "
                            f"without calibration_prompts({CHAIN_PROMPTS}); each sequence the prompt in the model's "
                            "template and its answer (python -m scripts.make_sam_corpus)"}
     if args.layout == "reference":

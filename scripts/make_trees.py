@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from evaluation.answers import SUMMARY
+from evaluation.records.answers import SUMMARY
 from methods.autotree import acceptance_table, expected_length
 from methods.common import HarnessError, exit_on_error
 from methods.tree import TEMPLATES, grow_tree, load_template

@@ -2,8 +2,8 @@
 
     python -m scripts.prepare
 """
-from evaluation.data import fetch_spec_bench
-from evaluation.models import EMBEDDED, prepare_embedded
+from evaluation.records.bench import fetch_spec_bench
+from evaluation.running.models import EMBEDDED, prepare_embedded
 from methods.common import exit_on_error
 
 

@@ -10,7 +10,7 @@ reference forward), then drops the draft from the cache; the median of
 ``--repeats`` timed runs after one untimed run is kept. The curve, in milliseconds and as a
 multiple of the plain step, goes to ``cost.csv`` and ``cost.png``/``.pdf`` under --out
 (default ``results/cost/<model>-<device>-<dtype>-<engine>/``), with the environment in ``cost.json``.
-``--shape NAME`` (a shipped model config: ``evaluation.shapes``) times a randomly initialised Llama of that
+``--shape NAME`` (a shipped model config: ``scripts.shapes``) times a randomly initialised Llama of that
 shape instead of the configured checkpoint: timing needs no trained weights (for GPUs without the weights).
 ``--mat`` (TR's measured MAT with the paper tree) and ``--accept`` (a tree=auto acceptance
 table) print the TR speedups this curve implies: the paper tree's, and tree=auto's choice.
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from evaluation.config import compose_config, model_spec
-from evaluation.models import load_model
-from evaluation.report_runs import engine_name
-from evaluation.runner import environment
-from evaluation.shapes import SHAPES, random_model
+from evaluation.running.config import compose_config, model_spec
+from evaluation.running.models import load_model
+from evaluation.reporting.collect import engine_name
+from evaluation.running.folder import environment
+from scripts.shapes import SHAPES, random_model
 from methods.autotree import choose_tree, cost_curve, measure_cost
 from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_text_atomic
 from methods.engine import build_engine
@@ -45,7 +45,7 @@ def ints(text: str) -> list[int]:
 
 
 def plot(rows: list[dict], out: Path, title: str, footer: str) -> None:
-    from evaluation.figures import figure_style, save_figure
+    from evaluation.reporting.figures import figure_style, save_figure
 
     plt = figure_style()
     fig, (a, b) = plt.subplots(1, 2, figsize=(8.5, 3.3))
@@ -81,7 +81,7 @@ def main(argv=None) -> None:
     cfg = compose_config(list(args.set))
     spec = model_spec(cfg)
     if args.shape:
-        from evaluation.models import resolve_device, resolve_dtype
+        from evaluation.running.models import resolve_device, resolve_dtype
 
         device = resolve_device(spec.device)
         model = random_model(args.shape, dtype=resolve_dtype(spec.dtype, device), device=device,

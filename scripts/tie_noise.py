@@ -6,7 +6,7 @@ threshold.
 For each question's greedy continuation the logits of the new positions are computed twice, by one forward of
 the whole sequence (the hf engine) and step by step on the static engine (one token a step, as vanilla decodes),
 and the largest difference at the two best tokens is printed, in logits and in the threshold's units (machine
-epsilons of the dtype times the largest logit's magnitude at the position; ``evaluation.equal.TIE_EPS``). A method
+epsilons of the dtype times the largest logit's magnitude at the position; ``evaluation.records.equality.TIE_EPS``). A method
 can swap the two best tokens only where their margin is below the sum of two such differences.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import torch
 
-from evaluation.config import compose_config, model_spec
-from evaluation.data import load_bench
-from evaluation.equal import TIE_EPS
-from evaluation.models import load_model
-from evaluation.prompts import prompt_ids
+from evaluation.running.config import compose_config, model_spec
+from evaluation.records.bench import load_bench
+from evaluation.records.equality import TIE_EPS
+from evaluation.running.models import load_model
+from evaluation.running.prompts import prompt_ids
 from methods.common import exit_on_error
 from methods.engine import HFEngine, StaticEngine
 

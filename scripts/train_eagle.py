@@ -5,11 +5,11 @@
 This script chooses the prompts and the paths; ``methods.heads.eagle_train`` holds the recipe (responses,
 features, loss, training, validation) and ``methods.heads.eagle.save_head`` the checkpoint layout.
 
-1. Prompts: ``evaluation.own_prompts.training_prompts()`` and ``more_prompts()``, our own instruction
+1. Prompts: ``evaluation.running.own_prompts.training_prompts()`` and ``more_prompts()``, our own instruction
    templates crossed with our own topics (writing, explanation, advice, roleplay, stories, code,
    lists) and requests of Spec-Bench's other kinds from our own word lists (German sentences
    to translate, factual questions, word problems), plus summaries of and questions over
-   passages that the target wrote in step 2 (``passage_prompts``). None is a Spec-Bench question (the
+   passages that the target wrote in step 2 (``scripts.training.passage_prompts``). None is a Spec-Bench question (the
    tests check it).
 2. Responses: the target's own greedy answers (self-distillation: the head learns what the
    target says, which is what it must draft), stored by prompt as they come (a killed run resumes; a
@@ -32,75 +32,12 @@ import random
 import time
 from pathlib import Path
 
-from evaluation.config import compose_config, model_spec
-from evaluation.models import load_model
-from evaluation.own_prompts import TOPICS, TRAINING_ONLY_TOPICS, more_prompts, training_prompts
-from evaluation.prompts import prompt_ids
-from methods.common import CACHE, ROOT, HarnessError, exit_on_error, load_torch_safe, save_torch_atomic
+from evaluation.running.config import compose_config, model_spec
+from evaluation.running.models import load_model
+from methods.common import ROOT, HarnessError, exit_on_error
 from methods.heads import eagle_train
 from methods.heads.eagle import load_head, random_head
-
-# Prompts whose answers are long texts: the passages that the summaries and questions are built over.
-PASSAGE_ASKS = ("Write a short blog post", "Explain", "Write a news article", "Write a short story",
-                "Act as a university professor", "Pretend you are a museum guide")
-# The requests over those passages: one text with an ask, or a question after several texts.
-PASSAGE_REQUESTS = ("Summarize the following text in two sentences.", "What is the main point of this text?",
-                    "List three facts stated in the text below.",
-                    "Rewrite the following text for a younger audience.")
-PASSAGE_QUESTIONS = ("what is {t}?", "why is {t} important?", "how does {t} work?", "what are the benefits of {t}?")
-
-
-def topic_of(prompt: str) -> str:
-    return next((t for t in TOPICS + TRAINING_ONLY_TOPICS if t in prompt), "this")
-
-
-def passage_prompts(passages: list[tuple[str, str]], seed: int = 0) -> list[str]:
-    """Requests over the target's own texts, given as (topic, text): short asks about one text, and, like
-    Spec-Bench's summarisation and RAG, summaries of several texts run together and a question after
-    several texts (the copying those tasks need)."""
-    rng = random.Random(seed)
-    asks, questions = list(PASSAGE_REQUESTS), list(PASSAGE_QUESTIONS)
-    texts = [t for _, t in passages]
-    out = [f"{rng.choice(asks)}\n\n{t}" for t in texts]
-    for _ in range(min(len(passages), 150)):
-        out.append("Summarize: " + " ".join(rng.sample(texts, min(4, len(texts)))))
-        chosen = rng.sample(passages, min(3, len(passages)))
-        topic = rng.choice(chosen)[0]
-        out.append(" ".join(t for _, t in chosen) + "\n" + rng.choice(questions).format(t=topic).capitalize())
-    return list(dict.fromkeys(out))
-
-
-def tokenized(spec, tok, prompts: list[str]) -> dict[str, list[int]]:
-    """Each prompt's token ids as the target reads a one-turn request (its chat template or conversation)."""
-    return {p: prompt_ids(spec, tok, [p], []) for p in prompts}
-
-
-def build_data(model, tok, spec, args, device, passages: bool = True, layers: tuple[int, ...] = ()) -> list[dict]:
-    """The training records (``methods.heads.eagle_train.features``) of the target's answers to our prompts and, with
-    ``passages``, to requests over its own passages, from the cache when it holds them; with ``layers``, the
-    records hold those layers' inputs too (EAGLE-3's ``taps``)."""
-    prompts = tokenized(spec, tok, (training_prompts() + more_prompts())[: args.limit])
-    key = eagle_train.data_key(list(prompts.values()), max_new_tokens=args.max_new_tokens,
-                               passages=[PASSAGE_ASKS, PASSAGE_REQUESTS, PASSAGE_QUESTIONS] if passages else None,
-                               **({"layers": list(layers)} if layers else {}))
-    cache = Path(args.data) if args.data else CACHE / "eagle" / args.model / f"data-{key}.pt"
-    if cache.is_file():
-        print(f"training data from {cache}")
-        return load_torch_safe(cache)
-    store = cache.parent / f"responses-n{args.max_new_tokens}.pt"
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    answer = dict(max_new=args.max_new_tokens, batch=args.batch, device=device, pad_id=pad,
-                  eos_id=tok.eos_token_id, store=store)
-    seqs, starts = eagle_train.respond(model, prompts, **answer)
-    if passages:
-        texts = [tok.decode(s[start:], skip_special_tokens=True).strip() for s, start in zip(seqs, starts)]
-        asks = [(topic_of(p), t) for t, p in zip(texts, prompts) if p.startswith(PASSAGE_ASKS)]
-        more, more_starts = eagle_train.respond(model, tokenized(spec, tok, passage_prompts(asks)), **answer)
-        seqs, starts = seqs + more, starts + more_starts
-    data = eagle_train.features(model, seqs, starts, device, layers)
-    save_torch_atomic(cache, data)
-    return data
-
+from scripts.training import build_data
 
 @exit_on_error
 def main(argv=None) -> None:
@@ -145,7 +82,7 @@ def main(argv=None) -> None:
         random_head(model.config, args.seed, args.intermediate_size)
     head = head.float().train()
     log = {"model": args.model,
-           "prompts": "scripts/train_eagle.py training_prompts() + more_prompts() + passage_prompts()",
+           "prompts": "scripts/training.py training_prompts() + more_prompts() + passage_prompts()",
            "train_sequences": len(train), "train_response_tokens": tokens, "val_sequences": len(val),
            "data_minutes": round(data_minutes, 2), "args": vars(args), "epochs": []}
     init_log = Path(args.init) / eagle_train.LOG_FILE if args.init else None

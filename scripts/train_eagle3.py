@@ -2,7 +2,7 @@
 
     python -m scripts.train_eagle3 [--model smollm2-135m] [--out data/eagle3/smollm2-135m] [--minutes 15]
 
-The data is Medusa's and Hydra's (``scripts.train_medusa``: EAGLE's pipeline, the target's own greedy answers
+The data is Medusa's and Hydra's (``scripts.training``: EAGLE's pipeline, the target's own greedy answers
 to our own prompts), with the inputs of the target's layers 2, L // 2 and L - 3 beside its last hidden state
 (cached under ``data/cache/eagle/<model>/``: the responses are shared, the features computed once more); the
 recipe is ``methods.heads.eagle3.train`` (training-time test over ``--unroll`` depths, soft labels over the draft
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from methods.common import HarnessError, exit_on_error
 from methods.heads import eagle3
-from scripts.train_medusa import arguments, prepared
+from scripts.training import arguments, prepared
 
 
 @exit_on_error

@@ -2,7 +2,7 @@
 
     python -m scripts.train_hydra [--model smollm2-135m] [--out data/hydra/smollm2-135m] [--minutes 15]
 
-The data is Medusa's (``scripts.train_medusa``: EAGLE's pipeline, the target's own greedy answers to our own
+The data is Medusa's (``scripts.training``: EAGLE's pipeline, the target's own greedy answers to our own
 prompts and its features over them, cached under ``data/cache/eagle/<model>/``, shared by all three
 trainers); the recipe is ``methods.heads.hydra.train``, by default Hydra++'s (zankner/Hydra's README: prefix-mlp,
 4 layers, teacher loss, dropout 0.2) with the target's lm_head shared instead of a copy per head. The
@@ -15,7 +15,7 @@ import torch
 
 from methods.common import HarnessError, exit_on_error
 from methods.heads import hydra
-from scripts.train_medusa import arguments, prepared
+from scripts.training import arguments, prepared
 
 
 @exit_on_error

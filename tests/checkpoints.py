@@ -21,7 +21,7 @@ def _sentencepiece_model() -> bytes:
 
     import sentencepiece as spm
 
-    from evaluation.data import load_bench
+    from evaluation.records.bench import load_bench
 
     text = [t for q in load_bench(None) for t in q.turns]
     out = io.BytesIO()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluation.config import ModelSpec
-from evaluation.models import load_model
+from evaluation.running.config import ModelSpec
+from evaluation.running.models import load_model
 from methods.common import HarnessError, exit_on_error
 from tests.helpers import shipped_spec, tiny_llama
 
@@ -59,13 +59,13 @@ def embedded():
 
 @pytest.fixture
 def reuse_embedded(request, monkeypatch):
-    """Runners built in this process (``evaluation.runner.Runner``, ``run``) take the session's embedded model
+    """Runners built in this process (``evaluation.running.runner.Runner``, ``run``) take the session's embedded model
     (``embedded``, loaded when first asked for) instead of loading it again, for every spec that resolves to it:
     the embedded checkpoint in float32 on the CPU. Any other spec loads as before."""
-    import evaluation.runner
-    from evaluation.models import resolve_device, resolve_dtype
+    import evaluation.running.runner
+    from evaluation.running.models import resolve_device, resolve_dtype
 
-    cpu, base, real = torch.device("cpu"), shipped_spec("smollm2-135m"), evaluation.runner.load_model
+    cpu, base, real = torch.device("cpu"), shipped_spec("smollm2-135m"), evaluation.running.runner.load_model
 
     def load(s: ModelSpec):
         try:
@@ -78,7 +78,7 @@ def reuse_embedded(request, monkeypatch):
         model, tok, _ = request.getfixturevalue("embedded")
         return model, tok, cpu
 
-    monkeypatch.setattr(evaluation.runner, "load_model", load)
+    monkeypatch.setattr(evaluation.running.runner, "load_model", load)
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def run_error(tmp_path, capsys, reuse_embedded):
     ``hydra.run.dir=DIR`` override or ``out`` names; ``base``: overrides put before ``overrides`` (by default
     those of the command lines these tests ran before: no warm-up, no progress bar). Returns what it printed
     (``.err``, ``.out``)."""
-    from evaluation.config import compose_config
-    from evaluation.runner import run
+    from evaluation.running.config import compose_config
+    from evaluation.running.runner import run
 
     def fail(*overrides: str, out: Path | None = None, base=("warmup=0", "runtime.progress=false")):
         default = tmp_path / "run"

@@ -26,7 +26,7 @@ def load() -> dict:
 def main():
     import torch
 
-    from evaluation.models import load_model
+    from evaluation.running.models import load_model
     from tests.helpers import shipped_spec
     from tests.test_lossless import DEFAULTS, VARIANTS, WARM_UP, answers, runner, stateful
 

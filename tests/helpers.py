@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from evaluation.config import ModelSpec
+from evaluation.running.config import ModelSpec
 from methods.common import ROOT
 from methods.decode import Request, decode_batch
 from methods.sampling import Sampler, Sampling
@@ -28,12 +28,12 @@ def cli(*args, check: bool = True, env: dict | None = None, timeout: int = 900, 
 def tiny_llama(shape: str | None = None, *, seed: int | None = None, **config) -> LlamaForCausalLM:
     """A randomly initialised small Llama, built here and nowhere else in the tests (no download).
 
-    ``shape``: a shipped model's architecture at a small size (``evaluation.shapes.tiny``: its vocabulary, head
+    ``shape``: a shipped model's architecture at a small size (``scripts.shapes.tiny``: its vocabulary, head
     size, K/V grouping, rotary settings; the lm_head widened against rounding ties), seeded (``seed`` or 0). None:
     a generic one (vocabulary 96, hidden 64, 2 layers, 4 heads on 2 K/V heads) seeded only when ``seed`` is
     given. ``config``: more ``LlamaConfig`` fields, or overrides of the shape's."""
     if shape is not None:
-        from evaluation.shapes import random_model
+        from scripts.shapes import random_model
 
         return random_model(shape, small=True, seed=seed or 0, **config)
     if seed is not None:

@@ -4,11 +4,11 @@ import json
 import pytest
 import torch
 
-import evaluation.runner
-from evaluation.answers import read_answers
-from evaluation.config import compose_config
-from evaluation.equal import compare
-from evaluation.runner import run
+import evaluation.running.runner
+from evaluation.records.answers import read_answers
+from evaluation.running.config import compose_config
+from evaluation.records.equality import compare
+from evaluation.running.runner import run
 from methods import calibrate
 from methods.autotree import choose_tree, cost_curve, expected_length
 from methods.base import build_proposer
@@ -87,7 +87,7 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys, reuse_emb
     monkeypatch.setattr(calibrate, "CANDIDATES", (1, 3))
     monkeypatch.setattr(calibrate, "CANDIDATE_PROMPTS", 3)
     monkeypatch.setattr(calibrate, "CANDIDATE_TOKENS", 8)
-    monkeypatch.setattr(evaluation.runner, "CACHE", tmp_path / "cache")  # the runner's Preparation.cache
+    monkeypatch.setattr(evaluation.running.runner, "CACHE", tmp_path / "cache")  # the runner's Preparation.cache
     common = ["bench.question_ids=[81,161,321]", "bench.max_new_tokens=24", "warmup=1", "runtime.progress=false"]
     auto = run(compose_config(["method=tr", "method.tree=auto", *common]), tmp_path / "auto")
     said = capsys.readouterr().out
@@ -102,7 +102,7 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys, reuse_emb
     best = max(choice["scores"], key=lambda s: s["tokens_per_ms"])
     assert best["drafts"] == choice["drafts"] and [s["drafts"] for s in choice["scores"]] == [0, 1, 3]
     assert all(s["mat"] >= 1 for s in choice["scores"]) and choice["mat_source"] == "calibration decode"
-    assert choice["calibration"]["prompts"].startswith("evaluation.own_prompts.calibration_prompts(4)")
+    assert choice["calibration"]["prompts"].startswith("evaluation.running.own_prompts.calibration_prompts(4)")
     assert len(list((tmp_path / "cache" / "autotree").glob("*.json"))) == 1
     # the saved tree is a template a later run can draft with
     assert load_template(str(auto / "tree.json")).parents == tuple(saved["parents"])
@@ -112,12 +112,12 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys, reuse_emb
 def test_the_embedded_defaults_never_calibrate(tmp_path, monkeypatch, reuse_embedded):
     """The embedded model's calibration for the shipped TR defaults comes with the project (data/autotree/):
     a first tree=auto run only measures this machine's cost."""
-    from evaluation.runner import Runner
+    from evaluation.running.runner import Runner
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("tree=auto calibrated although the project ships this calibration")
 
-    monkeypatch.setattr(evaluation.runner, "CACHE", tmp_path / "empty-cache")
+    monkeypatch.setattr(evaluation.running.runner, "CACHE", tmp_path / "empty-cache")
     monkeypatch.setattr(calibrate, "_decode", no_decoding)
     runner = Runner(compose_config(["method=tr", "method.tree=auto"]))
     shipped = list(calibrate.SHIPPED.glob(f"{runner.spec.name}-k{runner.proposer.k}-{runner.proposer.start}-*.json"))

@@ -138,9 +138,9 @@ TR = ["method=tr", "method.tree=grown-n30-d6", "runtime.batch_size=3"]
 def test_a_killed_batched_run_resumes_without_losing_or_repeating_an_answer(tmp_path, monkeypatch, reuse_embedded):
     """Questions are written as their last turn finishes, whatever the other slots hold; a run killed after two
     answers keeps them, and the rerun answers every other question once, each token-identical to vanilla's."""
-    from evaluation.answers import AnswerWriter, read_answers
-    from evaluation.config import compose_config
-    from evaluation.runner import run
+    from evaluation.records.answers import AnswerWriter, read_answers
+    from evaluation.running.config import compose_config
+    from evaluation.running.runner import run
 
     ref = tmp_path / "vanilla"
     run(compose_config([*BATCH_RUN, "method=vanilla"]), ref)
@@ -170,7 +170,7 @@ def test_a_killed_batched_run_resumes_without_losing_or_repeating_an_answer(tmp_
 
 def test_batch_stats_count_every_forward_once():
     """Two rows sharing forwards: 3 forwards of width 4 (one a row alone), so 12 positions, 7 of them real."""
-    from evaluation.metrics import batch_stats
+    from evaluation.records.metrics import batch_stats
 
     def rec(seg, turns, nodes, rows, slots, first, wall, new):
         return {"clock": {"segment": seg, "turns": turns, "batch_size": 2},
@@ -199,7 +199,7 @@ def test_tree_cost_is_measured_for_the_batch(tiny_model):
 def test_a_batched_turns_time_is_not_read_as_a_slow_step():
     """In a batch a turn's wall time includes the rows beside it (a short answer waits for none, but shares every
     forward): the busy-machine signal of a turn much slower per step than the median is not taken from it."""
-    from evaluation.metrics import load_stats
+    from evaluation.records.metrics import load_stats
 
     def rec(batch, seconds):
         return {"clock": {"segment": "a", "turns": [[0.0, seconds]], "batch_size": batch},

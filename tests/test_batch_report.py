@@ -7,8 +7,10 @@ import json
 import pytest
 
 from evaluation import report as rp, speed
-from evaluation.metrics import crossover
-from evaluation.tables import crossovers
+from evaluation.reporting.speed_table import speed_table
+from evaluation.reporting.render import markdown
+from evaluation.records.metrics import crossover
+from evaluation.reporting.tables import crossovers
 from tests.test_configs import _compose
 from tests.test_report import rec, write_run
 from tests.test_trust import _main
@@ -94,7 +96,7 @@ def test_per_batch_tables_pair_each_run_with_vanilla_at_its_batch_size(sweep, tm
 
 
 def test_the_crossover_is_interpolated_on_log2_of_the_batch_size(sweep, tmp_path):
-    assert crossover([(2, 1.5), (8, 0.5)]) == pytest.approx(4.0)  # the worked example of evaluation.metrics
+    assert crossover([(2, 1.5), (8, 0.5)]) == pytest.approx(4.0)  # the worked example of evaluation.records.metrics
     assert crossover([(4, 0.8), (1, 0.9), (2, 1.2)]) == 1.0  # below at the smallest batch size: there
     assert crossover([(1, 2.0), (16, 1.0)]) is None  # 1.0x is not below it
     batch = rp.report([str(sweep)], tmp_path / "out", figures=False)["batch"]
@@ -123,17 +125,17 @@ def test_runs_at_batch_size_one_report_as_before(tmp_path):
     assert list(result["table"]["method"]) == ["vanilla", "tr"] and not len(result["batch"])
     assert not list((tmp_path / "out").glob("batch_size_*")) and not list((tmp_path / "out").glob("speedup_vs_batch*"))
     assert "Under load" not in (tmp_path / "out" / "main_table.md").read_text()
-    table, _ = speed.speed_table([str(tmp_path / "runs" / "tr")], str(tmp_path / "runs" / "vanilla"))
+    table, _ = speed_table([str(tmp_path / "runs" / "tr")], str(tmp_path / "runs" / "vanilla"))
     assert "throughput (tokens/s)" not in table
 
 
 def test_speed_shows_throughput_when_batched(sweep):
-    table, _ = speed.speed_table([str(sweep / "tr" / "runtime.batch_size=2")],
+    table, _ = speed_table([str(sweep / "tr" / "runtime.batch_size=2")],
                                  str(sweep / "vanilla" / "runtime.batch_size=2"))
     overall = table.set_index("task").loc["overall"]
     assert overall["throughput (tokens/s)"] == pytest.approx(16.0) and overall["speedup in throughput"] == 1.6
     assert set(table.set_index("task").loc[["qa", "rag"], "throughput (tokens/s)"]) == {""}  # a whole run's number
-    assert "| speedup in throughput |" in speed.markdown(table)
+    assert "| speedup in throughput |" in markdown(table)
 
 
 def test_batch_sweep_experiment_sweeps_five_batch_sizes_into_their_own_folders():

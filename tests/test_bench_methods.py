@@ -2,8 +2,8 @@
 import pandas as pd
 import pytest
 
-from evaluation.answers import read_answers
-from evaluation.equal import compare
+from evaluation.records.answers import read_answers
+from evaluation.records.equality import compare
 from scripts.bench_methods import main
 
 pytestmark = pytest.mark.slow  # every test decodes on the embedded model with several methods
@@ -61,10 +61,10 @@ def test_batched_side_by_side_with_generate(tmp_path, capsys, monkeypatch):
 
     import yaml
 
-    from evaluation.metrics import batch_stats
-    from scripts import bench_methods
+    from evaluation.records.metrics import batch_stats
+    from evaluation.running import side_by_side
 
-    monkeypatch.setattr(bench_methods, "CHUNK", 1)  # chunks of 2 questions: two of them, the order rotating
+    monkeypatch.setattr(side_by_side, "CHUNK", 1)  # chunks of 2 questions: two of them, the order rotating
     out = tmp_path / "bench"
     t = time.perf_counter()
     rc = main(["method=vanilla", "method=tr", "--bench", "spec_bench_smoke", "--warmup", "0", "--batch", "2",

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from evaluation import equal, speed
-from evaluation.answers import read_answers
-from evaluation.equal import compare
-from evaluation.prompts import prompt_ids
+from evaluation.records.answers import read_answers
+from evaluation.records.equality import compare
+from evaluation.running.prompts import prompt_ids
 from methods.common import ROOT
 from tests.helpers import cli, generate_greedy
 
@@ -72,7 +72,7 @@ def test_answer_file_format(vanilla_run):
 def test_vanilla_equals_model_generate(vanilla_run, embedded):
     """Engine tokens == HF generate(do_sample=False) on Spec-Bench prompts, turn 2 built on turn 1's answer."""
     model, tok, spec = embedded
-    from evaluation.data import load_bench
+    from evaluation.records.bench import load_bench
 
     questions = {q.question_id: q for q in load_bench(None, question_ids=QIDS)}
     for rec in read_answers(vanilla_run):
@@ -237,7 +237,7 @@ def test_checker_missing_file(tmp_path, capsys):
 @pytest.mark.slow
 def test_experiment_multirun_ends_in_a_table(tmp_path):
     """An ablation experiment runs as a Hydra multirun, says which job of how many runs, and writes its table,
-    speedups against report.baseline (a vanilla run of the same questions and new tokens: evaluation.consistency)."""
+    speedups against report.baseline (a vanilla run of the same questions and new tokens: evaluation.records.consistency)."""
     settings = ["warmup=0", "runtime.progress=false", f"bench.question_ids=[{QIDS[1]}]", "bench.max_new_tokens=6"]
     cli("evaluation.run", "method=vanilla", f"hydra.run.dir={tmp_path / 'vanilla'}", *settings)
     sweep = tmp_path / "sweep"

@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from evaluation.models import ModelSpec
+from evaluation.running.models import ModelSpec
 from methods.base import known_methods
 from methods.common import ROOT
 
@@ -17,7 +17,7 @@ def names(group):
 
 def _compose(*overrides, return_hydra_config: bool = False):
     """Hydra's own compose, after the registered methods, engines and resolvers are given to it."""
-    from evaluation.config import register
+    from evaluation.running.config import register
 
     register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -27,7 +27,7 @@ def _compose(*overrides, return_hydra_config: bool = False):
 def test_method_and_engine_options_come_from_their_declarations():
     """method=NAME and engine=NAME are the registered declarations (methods.params), defaults written once: no
     YAML repeats them, every default composes and passes the method's own checks."""
-    from evaluation.config import register
+    from evaluation.running.config import register
     from methods.base import registry
     from methods.engine import ENGINE_PARAMS
     from methods.params import config_node, parse
@@ -82,7 +82,7 @@ def test_defaults():
 
 
 def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_path):
-    from evaluation import data
+    from evaluation.records import bench as data
     from methods.common import HarnessError
 
     monkeypatch.setattr(data, "CACHED", tmp_path / "cache" / "question.jsonl")
@@ -91,6 +91,30 @@ def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_pat
     with pytest.raises(HarnessError, match=rf"put question.jsonl at {tmp_path}.*bench.path=FILE"):
         data.fetch_spec_bench()
     assert not list((tmp_path / "cache").glob("*")), "no partial file left behind"
+
+
+def sweep(key: str, values: str) -> list[str]:
+    """A sweeper parameter's values as Hydra expands them (``glob(*)``: every option of the config group)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    override = OverridesParser.create().parse_override(f"{key}={values}")
+    if isinstance(override.value(), Glob):
+        from hydra.core.global_hydra import GlobalHydra
+
+        from evaluation.running.config import register
+
+        register()
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            options = GlobalHydra.instance().config_loader().get_group_options(key)
+        return override.value().filter(options)
+    return list(override.sweep_string_iterator())
+
+
+def test_the_paper_table_sweeps_every_registered_method():
+    """The paper table's methods are the registry's, not a list kept by hand."""
+    full = _compose("experiment=paper_table", return_hydra_config=True)
+    assert sorted(sweep("method", str(full.hydra.sweeper.params.method))) == sorted(known_methods())
 
 
 @pytest.mark.parametrize("experiment", names("experiment"))
@@ -106,7 +130,7 @@ def test_every_experiment_point_composes_and_builds(experiment, embedded):
     assert params, f"experiment {experiment} sweeps nothing"
     points = [[]]
     for key, values in params.items():
-        points = [p + [f"{key}={v}"] for p in points for v in str(values).split(",")]
+        points = [p + [f"{key}={v}"] for p in points for v in sweep(key, str(values))]
     for point in points:
         cfg = _compose(f"experiment={experiment}", *point)
         method = OmegaConf.to_container(cfg.method, resolve=True)
@@ -127,7 +151,7 @@ def test_python_m_methods_lists_every_method_and_engine(capsys):
 def test_every_artefact_a_method_reads_comes_from_the_model_config_and_a_misspelt_one_is_refused():
     """A method parameter that defaults to the model's artefact reads model.artefacts.KEY (null where the model
     names none), and an artefact no method reads is a typo, refused with the keys that are read."""
-    from evaluation.config import compose_config, model_spec
+    from evaluation.running.config import compose_config, model_spec
     from methods.common import HarnessError
 
     cfg = compose_config(["method=eagle2"])

@@ -110,7 +110,7 @@ def test_the_static_engine_avoids_the_math_kernel_with_gqa():
 
 @cuda
 def test_eagle_head_on_an_fp16_cuda_target_keeps_fp32_rotary():
-    from evaluation.shapes import random_model
+    from scripts.shapes import random_model
     from methods.base import build_proposer
 
     model = random_model("llama-3-8b-instruct", small=True, dtype=torch.float16, device=CUDA)

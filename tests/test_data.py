@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from evaluation.data import (MT_BENCH_CATEGORIES, SPEC_BENCH_SHA256, TASKS, fetch_spec_bench, read_questions, select,
+from evaluation.records.bench import (MT_BENCH_CATEGORIES, SPEC_BENCH_SHA256, TASKS, fetch_spec_bench, read_questions, select,
                              sha256)
 from methods.common import HarnessError
 

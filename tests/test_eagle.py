@@ -147,7 +147,7 @@ def test_the_head_takes_its_own_rotary_base(tiny_model, tmp_path):
 def test_a_head_that_names_no_rotary_base_gets_eagles_default_not_the_targets(tmp_path):
     """EAGLE builds a head whose config.json has no rope keys with base 10000, unscaled (``_init_rope``), as
     EAGLE-3's Llama-3.1 head is, whatever its target's (500000 and Llama-3 scaling there)."""
-    from evaluation.shapes import random_model
+    from scripts.shapes import random_model
 
     target = random_model("llama-3.1-8b-instruct", small=True).config
     save_eagle_head(tmp_path / "head", target)
@@ -293,7 +293,7 @@ def test_a_head_for_a_windowed_target_keeps_every_entry():
     validation drafts 525 positions in)."""
     from transformers import Gemma3TextConfig
 
-    from evaluation.shapes import tiny
+    from scripts.shapes import tiny
 
     head = random_head(Gemma3TextConfig(**{k: v for k, v in tiny("gemma3-270m").items() if k != "model_type"}), 0)
     cache = DynamicCache(config=head.config)
@@ -313,7 +313,7 @@ def test_a_head_for_gemma_3_takes_one_rotary_setting():
 
     from transformers import Gemma3TextConfig
 
-    from evaluation.shapes import tiny
+    from scripts.shapes import tiny
     from methods.common import ROOT
     from methods.heads.eagle import head_config, head_rope
 

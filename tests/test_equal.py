@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from evaluation.equal import NEAR_TIE, REAL, classify, compare
+from evaluation.records.equality import NEAR_TIE, REAL, classify, compare
 from tests.checkpoints import sentencepiece_tokenizer
 from tests.helpers import cli, tiny_llama
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from evaluation.answers import read_answers
-from evaluation.config import compose_config
-from evaluation.equal import compare
-from evaluation.runner import run
+from evaluation.records.answers import read_answers
+from evaluation.running.config import compose_config
+from evaluation.records.equality import compare
+from evaluation.running.runner import run
 from methods import base
 from methods.base import Draft, Preparation, Proposer, register
 from methods.common import HarnessError

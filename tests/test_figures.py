@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation import figures
-from evaluation.report_runs import Group, Run
+from evaluation.reporting import figures
+from evaluation.reporting.collect import Group, Run
 
 MODEL = "tiny-llama"
 
@@ -27,7 +27,7 @@ def steps(*accepts):
 
 
 def stats_frame(rows, intervals=False):
-    """Per-task stats as ``evaluation.tables.task_stats`` makes them, single runs (stds NaN); ``rows``: (label,
+    """Per-task stats as ``evaluation.reporting.tables.task_stats`` makes them, single runs (stds NaN); ``rows``: (label,
     task, speedup, MAT, tokens/s). With ``intervals`` each speedup and MAT gets an asymmetric 95% interval:
     0.1 below and 0.3 above the speedup, 0.2 below and 0.4 above the MAT."""
     out = []

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from evaluation.models import ModelSpec, cpu_fallback, load_model
+from evaluation.running.models import ModelSpec, cpu_fallback, load_model
 from methods import hub
 from methods.common import ROOT, HarnessError
 from tests.checkpoints import hub_snapshot, save_eagle_head, save_hydra_heads, save_medusa_heads, save_model

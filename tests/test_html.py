@@ -1,4 +1,4 @@
-"""report.html (evaluation.html) on a tiny result set, opened in a real headless Chromium: its script runs without
+"""report.html (evaluation.reporting.html) on a tiny result set, opened in a real headless Chromium: its script runs without
 an error, its main table holds the markdown table's cells, and each generated token is one element marked by its
 step."""
 import json
@@ -11,10 +11,10 @@ from html.parser import HTMLParser
 import pytest
 from omegaconf import OmegaConf
 
-import evaluation.html
+import evaluation.reporting.html
 from evaluation import report as rp
-from evaluation.equal import NEAR_TIE
-from evaluation.report_runs import _tokenizer
+from evaluation.records.equality import NEAR_TIE
+from evaluation.reporting.collect import _tokenizer
 from methods.common import ROOT
 from tests.test_report import rec, write_run
 
@@ -96,7 +96,7 @@ def test_report_page_in_chromium(tmp_path, monkeypatch):
             m.kind, m.why = NEAR_TIE, WHY
         return "float32"
 
-    monkeypatch.setattr(evaluation.html, "explain", explain)
+    monkeypatch.setattr(evaluation.reporting.html, "explain", explain)
     out = tmp_path / "out"
     files = rp.report([str(tmp_path / "runs")], out)["files"]
     page = out / "report.html"

@@ -3,14 +3,16 @@
 The questions: one per Spec-Bench task, the mt_bench one with both turns (turn 2 built on the method's own turn-1
 answer); a method that keeps state across questions (TR's hot start, SAM's automaton) decodes them in a row after a
 warm-up on another question, so that each drafts from the state the ones before it left. Every method with its
-defaults decodes all six; the variants (other settings) the first three.
+defaults decodes all six; the variants (other settings) the first three, in ``make test-long``. Sampling: TR and EAGLE-3
+here, every method in ``make test-long`` (every method samples vanilla's tokens on the tiny models in
+tests/test_sampling.py).
 """
 import pytest
 import torch
 
-from evaluation.config import compose_config
-from evaluation.data import load_bench
-from evaluation.runner import Runner
+from evaluation.running.config import compose_config
+from evaluation.records.bench import load_bench
+from evaluation.running.runner import Runner
 from methods.base import Proposer, known_methods, registry
 from tests import golden
 
@@ -93,7 +95,14 @@ def stateful(name: str) -> bool:
     return registry()[name].state_dict is not Proposer.state_dict
 
 
-@pytest.mark.parametrize("overrides", DEFAULTS + VARIANTS, ids=",".join)
+def long(cases: list[list[str]], keep=()) -> list:
+    """``cases`` marked long (``make test-long``) but those whose method is in ``keep``: settings whose paths the
+    tiny models already prove (tests/test_architectures.py, tests/test_sampling.py, each method's own tests)."""
+    return [c if c[0].removeprefix("method=") in keep else pytest.param(c, marks=pytest.mark.long, id=",".join(c))
+            for c in cases]
+
+
+@pytest.mark.parametrize("overrides", DEFAULTS + long(VARIANTS), ids=",".join)
 @pytest.mark.slow
 def test_method_is_lossless(reference, loaded, overrides):
     r = runner(loaded, *overrides)
@@ -131,7 +140,8 @@ def sampled_reference(loaded):
     return answers(runner(loaded, "method=vanilla", *SAMPLED), SAMPLED_QUESTIONS)
 
 
-@pytest.mark.parametrize("overrides", DEFAULTS + [["method=sam_tr", "method.merge=true"]], ids=lambda o: ",".join(o))
+@pytest.mark.parametrize("overrides", long(DEFAULTS + [["method=sam_tr", "method.merge=true"]], keep=("tr", "eagle3")),
+                         ids=lambda o: ",".join(o))
 @pytest.mark.slow
 def test_method_samples_exactly_vanillas_tokens(sampled_reference, reference, loaded, overrides):
     r = runner(loaded, *overrides, *SAMPLED)

@@ -159,7 +159,7 @@ def test_threads_follow_the_environment_or_the_config(tiny_model, monkeypatch, t
 
 
 def test_every_summary_says_which_machine(tmp_path):
-    from evaluation.runner import environment
+    from evaluation.running.folder import environment
 
     env = environment(torch.device("cpu"), torch.float32)
     assert env["cpu"] == machine.cpu()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.answers import ANSWERS
-from evaluation.config import compose_config
-from evaluation.data import load_bench
+from evaluation.records.answers import ANSWERS
+from evaluation.running.config import compose_config
+from evaluation.records.bench import load_bench
 from methods.common import HarnessError
 from methods.tree import TreeError, load_template
 
@@ -99,16 +99,17 @@ def test_scripts_composing_the_config_get_the_same_line():
     (["method=tr", "method.k=0"], "method.k must be an integer from 1"),
 ])
 def test_what_the_config_alone_tells_comes_before_the_model_loads(run_error, monkeypatch, overrides, message):
-    import evaluation.runner
+    import evaluation.running.runner
 
-    monkeypatch.setattr(evaluation.runner, "load_model", lambda spec: pytest.fail("the target model was loaded"))
+    monkeypatch.setattr(evaluation.running.runner, "load_model", lambda spec: pytest.fail("the target model was loaded"))
     assert message in one_line(run_error(*overrides))
 
 
 def test_bench_methods_says_it_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    from evaluation.running import side_by_side
     from scripts import bench_methods
 
-    monkeypatch.setattr(bench_methods, "load_model", lambda spec: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(side_by_side, "load_model", lambda spec: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as e:
         bench_methods.main(["method=vanilla", "method=eagle3", "--set", "model=vicuna-7b", "--out",
                             str(tmp_path / "b")])
@@ -132,7 +133,7 @@ def test_a_later_turn_whose_user_text_alone_passes_the_context_is_refused_at_the
 
 
 def test_a_prompt_that_leaves_less_than_max_new_tokens_is_said_at_the_start(tmp_path, capsys, reuse_embedded):
-    from evaluation.runner import run
+    from evaluation.running.runner import run
 
     q = question_file(tmp_path, ["word " * 20], ["Say hi."])  # prompts of 51 and 33 tokens
     run(compose_config([f"bench.path={q}", "model.max_context=56", "bench.max_new_tokens=8", "warmup=0",
@@ -165,11 +166,11 @@ def test_a_tree_file_of_the_wrong_structure_is_refused_naming_the_file(tmp_path,
 
 
 def test_a_tree_file_is_read_before_the_model_loads(tmp_path, run_error, monkeypatch):
-    import evaluation.runner
+    import evaluation.running.runner
 
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"children": [[2], [1]]}))
-    monkeypatch.setattr(evaluation.runner, "load_model", lambda spec: pytest.fail("the target model was loaded"))
+    monkeypatch.setattr(evaluation.running.runner, "load_model", lambda spec: pytest.fail("the target model was loaded"))
     assert one_line(run_error("method=tr", f"method.tree={f}")).startswith(f"error: tree file {f}: children level 1")
 
 # --- 6. questions ----------------------------------------------------------------------------------------
@@ -184,7 +185,7 @@ def test_an_empty_turn_is_refused_with_its_line(tmp_path, turns, which):
 # --- 7, 8. a sample of a question file; a resume --------------------------------------------------------------
 
 def test_a_sample_of_a_question_file_and_a_resume_say_so_in_one_line(tmp_path, capsys, reuse_embedded):
-    from evaluation.runner import run
+    from evaluation.running.runner import run
 
     q = question_file(tmp_path, ["Say hi."], ["Say yes."], ["Say no."])  # one category: the smoke bench takes 2
     out, answers = tmp_path / "run", tmp_path / "run" / ANSWERS

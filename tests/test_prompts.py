@@ -1,7 +1,7 @@
 """Each shipped model config builds its prompts as the reference behind its published numbers did."""
 import pytest
 
-from evaluation.prompts import SYSTEM_PROMPTS, describe, prompt_ids
+from evaluation.running.prompts import SYSTEM_PROMPTS, describe, prompt_ids
 from methods.common import ROOT
 from tests.checkpoints import sentencepiece_tokenizer
 from tests.helpers import shipped_spec

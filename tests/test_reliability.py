@@ -14,11 +14,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.answers import ABSENT, ANSWERS, LOCK, AnswerWriter, first_difference, folder_lock, read_answers
-from evaluation.config import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
-from evaluation.data import load_bench
+from evaluation.records.answers import ABSENT, ANSWERS, LOCK, AnswerWriter, first_difference, folder_lock, read_answers
+from evaluation.running.config import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
+from evaluation.records.bench import load_bench
 from evaluation.merge import merge
-from evaluation.models import ModelSpec, load_model
+from evaluation.running.models import ModelSpec, load_model
 from methods.base import known_methods
 from methods.common import RESULTS, ROOT, HarnessError, load_torch_safe
 from methods.tree import TreeError, load_template
@@ -52,7 +52,7 @@ def files(folder: Path) -> dict:
 
 def hold(folder: Path) -> subprocess.Popen:
     """Another process holding ``folder``'s lock until killed."""
-    code = ("import time; from pathlib import Path; from evaluation.answers import folder_lock\n"
+    code = ("import time; from pathlib import Path; from evaluation.records.answers import folder_lock\n"
             f"with folder_lock(Path({str(folder)!r})):\n    print('held', flush=True); time.sleep(120)")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from evaluation import report as rp
-from evaluation.metrics import accept_histogram, repeat_table, task_table
-from evaluation.report_runs import engine_name
+from evaluation.records.metrics import accept_histogram, repeat_table, task_table
+from evaluation.reporting.collect import engine_name
 from methods.common import HarnessError
 
 ENV = {"device": "cpu", "device_name": "x86_64", "cpu_threads": 2, "dtype": "float32", "torch": "2.13.0",
@@ -74,7 +74,7 @@ def test_mat_in_both_conventions(tmp_path):
     """Ours counts every forward (the prefill's one token too); Spec-Bench's drafting scripts verify their first
     drafts in the prompt's forward, so a turn whose first step was our prefill has one step fewer there. The
     runner writes that count (spec_bench_steps); files without it (Spec-Bench's own) count steps as they are."""
-    from evaluation.metrics import task_table
+    from evaluation.records.metrics import task_table
 
     ours = rec(1, "qa", 10, 1.0, [1, 4, 5])
     ours["choices"][0].update(prefill_step=[True], spec_bench_steps=[2])
@@ -246,7 +246,7 @@ def spec_bench_speed(path, base_path, tokenizer, task):
 def test_our_answer_files_read_as_spec_bench_files(tmp_path, embedded):
     """Spec-Bench's speed computation on a real run's answer files gives our "Spec-Bench" columns, per task and
     overall, in the report and in evaluation.speed; our own MAT stays ours (the prefill's token its own step)."""
-    from evaluation.speed import speed_table
+    from evaluation.reporting.speed_table import speed_table
     from tests.test_cli import cli, run_args
 
     runs = {}
@@ -281,7 +281,7 @@ def test_our_answer_files_read_as_spec_bench_files(tmp_path, embedded):
 def test_an_answer_line_holds_spec_bench_steps_and_ours_and_reads_back(tmp_path):
     """Under Spec-Bench's keys its steps (a drafting method's first token in its first step), ours under our_*;
     read back per forward as before; a line written before our_accept_lengths existed reads as it is."""
-    from evaluation.answers import AnswerWriter, read_answers
+    from evaluation.records.answers import AnswerWriter, read_answers
 
     rec = {"question_id": 1, "category": "qa", "choices": [{
         "index": 0, "turns": ["a", "b"], "decoding_steps": [3, 1], "new_tokens": [6, 1], "wall_time": [1.0, 1.0],
@@ -328,7 +328,7 @@ def steps_rec(qid, category, accepts, depths, drafters=None, turns=None):
 
 
 def test_acceptance_per_depth_and_drafter_shares_equal_hand_computed_numbers(tmp_path):
-    from evaluation.metrics import depth_acceptance, drafter_table
+    from evaluation.records.metrics import depth_acceptance, drafter_table
 
     # one turn: prefill (depth 0), then steps of depth 3 accepting 0, 1 and 3 drafts, then a last step (left out)
     records = [steps_rec(1, "qa", [1, 1, 2, 4, 2], [0, 3, 3, 3, 3], [None, "tr", "sam", "sam", "tr"])]

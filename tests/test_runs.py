@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from evaluation import runs
-from evaluation.answers import folder_lock
-from evaluation.config import compose_config
+from evaluation.records.answers import folder_lock
+from evaluation.running.config import compose_config
 from methods.common import ROOT
 
 ENV = {"device": "cpu", "device_name": "x86_64", "cpu_threads": 2, "dtype": "float32", "torch": "2.13.0",

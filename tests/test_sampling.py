@@ -220,7 +220,7 @@ def test_the_distribution_check_catches_a_broken_verifier(tiny_model, exact, mon
 # --- the equality checker and the reports at temperature > 0 -------------------------------------------------
 
 def test_a_sampled_divergence_is_a_near_tie_only_when_the_perturbed_logits_tie():
-    from evaluation.equal import NEAR_TIE, REAL, classify_draw
+    from evaluation.records.equality import NEAR_TIE, REAL, classify_draw
 
     s = Sampler(Sampling(temperature=0.5, seed=4), question=7, turn=0)
     g = s.noise(3, 4)
@@ -259,7 +259,7 @@ def test_reports_pair_a_sampled_run_with_vanilla_sampling_of_its_settings(tmp_pa
     assert t.loc["tr", "speedup"] == pytest.approx(4.0)  # greedy against greedy vanilla
     assert t.loc["tr (T=0.7 seed=1)", "speedup"] == pytest.approx(2.0)  # sampled against sampled vanilla
     assert "vanilla (T=0.7 seed=1)" in t.index
-    from evaluation.speed import speed_table
+    from evaluation.reporting.speed_table import speed_table
 
     s = speed_table([str(tmp_path / "tr7")], str(tmp_path / "v7"))[0].set_index("task")
     assert s.loc["overall", "sampling"] == "T=0.7 seed=1" and s.loc["overall", "speedup"] == pytest.approx(2.0)
@@ -274,6 +274,7 @@ def test_reports_pair_a_sampled_run_with_vanilla_sampling_of_its_settings(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the tiny model's test above proves the rule; this one the embedded model's numbers
 def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded):
     """200 seeds on the real model: the first two tokens of a prompt under T=0.8, top-k 10, against the exact
     distribution, for our sampler; TR agrees with vanilla token for token on the first 50 (every method does on
@@ -282,7 +283,7 @@ def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded
     right, generate's samples show on the tiny model (test_first_tokens_follow_the_exact_distribution_as_generate_
     does: the same ``exact_pairs``)."""
     model, tok, spec = embedded
-    from evaluation.prompts import prompt_ids
+    from evaluation.running.prompts import prompt_ids
 
     settings = Sampling(temperature=0.8, top_k=10)
     prompt = prompt_ids(spec, tok, ["Write a short poem about the sea."], [])

@@ -5,8 +5,8 @@ import shutil
 import pytest
 import torch
 
-from evaluation.answers import read_answers
-from evaluation.data import shard
+from evaluation.records.answers import read_answers
+from evaluation.records.bench import shard
 from evaluation.merge import merge
 from methods.common import HarnessError
 from tests.helpers import cli
@@ -51,7 +51,7 @@ def test_merged_shards_equal_the_single_run(runs, tmp_path):
     assert summary["answered"] == len(QIDS) and len(summary["shards"]) == 2
     # it keeps its environment: the report finds the machine its timings come from (it lost it: "foreign file")
     assert summary["environment"] == json.loads((shards[0] / "summary.json").read_text())["environment"]
-    from evaluation.report_runs import collect, machine
+    from evaluation.reporting.collect import collect, machine
 
     assert machine(collect([str(merged)])[0]) is not None
     # the first shard is the single run's beginning exactly (same warm-up, same order)
@@ -116,7 +116,7 @@ def test_sweep_through_the_joblib_launcher(tmp_path):
 
 
 def test_a_claimed_device_is_held_until_released():
-    from evaluation.models import ModelSpec, claim_device, release_devices
+    from evaluation.running.models import ModelSpec, claim_device, release_devices
     from methods.common import HarnessError
 
     spec = ModelSpec(name="m", checkpoint="x", template="vicuna_v1.1", device="auto")

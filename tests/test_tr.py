@@ -292,9 +292,9 @@ def test_reference_mode_changes_no_answer(tiny_model, method):
 def test_a_run_records_the_forwards_past_the_answer_apart(tmp_path, reuse_embedded):
     """method.reference=true through the runner: the forwards past the answer land in the answer record as
     ``extra_forwards`` and ``extra_time``, and in no step count."""
-    from evaluation.answers import read_answers
-    from evaluation.config import compose_config
-    from evaluation.runner import run
+    from evaluation.records.answers import read_answers
+    from evaluation.running.config import compose_config
+    from evaluation.running.runner import run
 
     out = run(compose_config(["method=tr", "method.reference=true", "warmup=0", "runtime.progress=false",
                               "bench.question_ids=[161]", "bench.max_new_tokens=8"]), tmp_path / "run")

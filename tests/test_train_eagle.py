@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from evaluation.data import load_bench
-from evaluation.own_prompts import more_prompts, training_prompts
-from evaluation.prompts import prompt_ids
+from evaluation.records.bench import load_bench
+from evaluation.running.own_prompts import more_prompts, training_prompts
+from evaluation.running.prompts import prompt_ids
 from methods.base import build_proposer
 from methods.decode import generate
 from methods.heads.eagle import load_head
 from methods.heads.eagle_train import causal, data_key, head_pass, respond
-from scripts.train_eagle import passage_prompts
+from scripts.training import passage_prompts
 from tests.test_cli import cli
 
 

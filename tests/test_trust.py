@@ -1,5 +1,5 @@
 """Results a reader can trust: every command that combines runs refuses runs of other settings or unfinished ones
-(evaluation.consistency), tables carry 95% intervals, a busy machine is named, and nothing ends in a traceback."""
+(evaluation.records.consistency), tables carry 95% intervals, a busy machine is named, and nothing ends in a traceback."""
 import json
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from evaluation import equal, report as rp, speed, sweep
-from evaluation.metrics import intervals, load_stats
+from evaluation.records.metrics import intervals, load_stats
 from methods.common import HarnessError
 from tests.test_report import TR_A, VANILLA, rec, write_run
 
@@ -145,7 +145,7 @@ def test_a_busy_machine_is_named_and_a_quiet_one_is_not(tmp_path):
     """The three signs, each on its own: a run waiting for a CPU, a turn much slower per step than the others,
     a speedup above MAT (PLD 4.23x at MAT 1.40 on a busy machine)."""
     quiet = _loaded([rec(1, "qa", 10, 1.0, [1] * 10), rec(2, "qa", 10, 1.1, [1] * 10)], [0.001, 0.0])
-    from evaluation.report_runs import disturbance_note
+    from evaluation.reporting.collect import disturbance_note
 
     assert load_stats(quiet)["wait_share"] == pytest.approx(0.001 / 2.1)
     assert disturbance_note({"vanilla": quiet}, [("tr", "qa", 1.5, 2.0)]) is None

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.common import CACHE, HarnessError
-from methods.engine import arch, kv
+from methods.engine import arch, kv, masks
 from methods.engine.core import Engine
 from methods.engine.graphs import StepGraphs, buckets, span_bucket
 from methods.engine.ops import Linear, can_pack, rotate_half, sync
@@ -93,25 +93,6 @@ def graph_sizes(sizes: list[int]) -> list[int]:
     return sorted({1 << (n - 1).bit_length() for n in sizes})
 
 
-def _groups(rows: list[int], counts: list[int], spans: list[int], masks: list[dict]) -> list[tuple]:
-    """A packed forward's rows in runs that attend in one call: consecutive rows of as many tokens each, at
-    consecutive cache rows. Each run as (first cache row, rows g, tokens each n, first packed token, span, window
-    -> mask [g, 1, n, span]): the run's longest span, each row's mask padded with keys it does not see."""
-    runs, start = [], 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or counts[i] != counts[start] or rows[i] != rows[i - 1] + 1:
-            runs.append(range(start, i))
-            start = i
-    out, first = [], 0
-    for run in runs:
-        span = max(spans[j] for j in run)
-        mask = {w: torch.stack([F.pad(masks[j][w], (0, span - spans[j])) for j in run])[:, None]
-                for w in masks[run[0]]}
-        out.append((rows[run[0]], len(run), counts[run[0]], first, span, mask))
-        first += len(run) * counts[run[0]]
-    return out
-
-
 class StaticEngine(Engine):
     """The lean decoder forward over a preallocated cache (see the module docstring; its architectures: ``arch``)."""
 
@@ -159,7 +140,7 @@ class StaticEngine(Engine):
                     lin.packed = None  # not kept twice
         if compile is True:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, mode=mode)
+            self._compiled = torch.compile(self._row, dynamic=False, fullgraph=True, mode=mode)
 
     @torch.inference_mode()
     def start(self, capacity: int, rows: int = 1) -> None:
@@ -260,38 +241,6 @@ class StaticEngine(Engine):
             size = n
         return size
 
-    def _mask(self, past: int, n: int, tree: Tree | None, span: int, size: int) -> torch.Tensor:
-        """[size, span] bool: what each of ``n`` new tokens after ``past`` committed ones sees (the committed prefix,
-        then its ancestors among the n, or the causal triangle); a padding node (``size > n``) sees only itself."""
-        rel = torch.arange(span, device=self.device) - past
-        if tree is None or tree.is_chain:
-            mask = rel[None, :] <= torch.arange(n, device=self.device)[:, None]
-        else:
-            mask = (rel < 0) | ((rel < n) & tree.ancestors[:, rel.clamp(0, n - 1)])
-        if size > n:
-            pad = torch.arange(n, size, device=self.device)
-            mask = torch.cat([mask, rel[None, :] == pad[:, None]])
-        return mask
-
-    def _masks(self, mask: torch.Tensor, past: int, positions: torch.Tensor) -> dict[int | None, torch.Tensor]:
-        """``_mask``'s mask and, for each sliding window of the model's layers, its narrowing (``arch.window_mask``):
-        window -> [size, span]. The keys' positions: a committed slot's is its index, a new token's its own."""
-        if self.plan.windows == (None,):
-            return {None: mask}
-        keys = torch.arange(mask.shape[1], device=self.device)
-        keys[past:past + positions.shape[0]] = positions
-        return {w: arch.window_mask(mask, positions, keys, w) for w in self.plan.windows}
-
-    def _positions(self, past: int, n: int, tree: Tree | None, size: int) -> torch.Tensor:
-        """[size] positions of ``n`` new tokens after ``past`` (a tree's nodes at ``past + depth``); padding: ``past``."""
-        if tree is None or tree.is_chain:
-            positions = torch.arange(past, past + n, device=self.device)
-        else:
-            positions = tree.depth + past
-        if size > n:
-            positions = torch.cat([positions, torch.full((size - n,), past, device=self.device)])
-        return positions
-
     @torch.inference_mode()
     def forward(self, tokens, tree=None, *, row=0, last_only=False, hidden=False):
         n, past = tokens.shape[0], self.cache.lengths[row]
@@ -301,20 +250,20 @@ class StaticEngine(Engine):
         size = self._graph_size(n) if step else n
         span = self._room(past + size)
         keys, values = self.cache.row(row)
-        positions = self._positions(past, n, tree, size)
-        masks = self._masks(self._mask(past, n, tree, span, size), past, positions)
+        at = masks.positions(past, n, tree, size, self.device)
+        windows = masks.windowed(masks.step_mask(past, n, tree, span, size, self.device), past, at, self.plan.windows)
         if size > n:  # padding nodes: each sees only itself, and is written past the step's own entries
             tokens = torch.cat([tokens, torch.zeros(size - n, dtype=tokens.dtype, device=self.device)])
-        rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}
+        rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
         slots = torch.arange(past, past + size, device=self.device)
         x = self.embed(tokens)
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
         if step and taps is None:  # one graph per size (steps that tap inner layers run eagerly)
-            for t, dim in (*((m, 1) for m in masks.values()), (keys, 2), (values, 2)):  # any span, any capacity
+            for t, dim in (*((m, 1) for m in windows.values()), (keys, 2), (values, 2)):  # any span, any capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-            x = self._compiled(x, rope, masks, slots, keys, values)[:n]
+            x = self._compiled(x, rope, windows, slots, keys, values)[:n]
         else:
-            x = self._layers(x, rope, masks, slots, keys, values, hidden if taps is not None else (), taps)[:n]
+            x = self._row(x, rope, windows, slots, keys, values, hidden if taps is not None else (), taps)[:n]
         self.cache.lengths[row] = past + n
         self.last_slots = size
         h = self.norm(x)
@@ -345,31 +294,21 @@ class StaticEngine(Engine):
     def _step(self, span, tokens, past, depth, ancestors):
         """A verification step of static shapes, from tensors only (what a CUDA graph records): ``tokens`` [size]
         after ``past`` (0-d) committed entries of row 0, node i at position past + depth[i] seeing the prefix and
-        the nodes ``ancestors[i]`` (a padding node: itself), attending over the first ``span`` cache slots; writes
-        the step's KV entries at slots past.. and returns the last hidden states [size, hidden]. The same masks
-        as ``_mask`` and ``_masks`` (tests/test_static_engine.py checks them)."""
-        size, dev = tokens.shape[0], tokens.device
-        positions = depth + past
-        rel = torch.arange(span, device=dev) - past  # a slot's place among the new entries (< 0: committed)
-        new = (rel >= 0) & (rel < size)
-        at = rel.clamp(0, size - 1)
-        mask = (rel < 0) | (new & ancestors[:, at])  # [size, span]
-        if self.plan.windows == (None,):
-            masks = {None: mask}
-        else:
-            keys = torch.where(new, positions[at], torch.arange(span, device=dev))  # each slot's position
-            masks = {w: arch.window_mask(mask, positions, keys, w) for w in self.plan.windows}
-        rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}
+        the nodes ``ancestors[i]`` (a padding node: itself), attending over the first ``span`` cache slots
+        (``masks.graph_masks``); writes the step's KV entries at slots past.. and returns the last hidden states
+        [size, hidden]."""
+        at, windows = masks.graph_masks(past, depth, ancestors, span, self.plan.windows)
+        rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
         keys, values = self.cache.row(0)
-        x = self._layers(self.embed(tokens), rope, masks, past + torch.arange(size, device=dev), keys, values)
-        return self.norm(x)
+        slots = past + torch.arange(tokens.shape[0], device=tokens.device)
+        return self.norm(self._row(self.embed(tokens), rope, windows, slots, keys, values))
 
     @torch.inference_mode()
     def forward_rows(self, rows, tokens, trees, *, hidden=False, keep=None):
         """One forward of several rows' steps (``Engine.forward_rows``), packed: the rows' tokens side by side as
         one sequence [sum of n, hidden] through every weight (no padding), each row's queries attending over its
-        own cache only (``_mask`` of its prefix and tree; rows of as many tokens at consecutive cache rows in one
-        call, ``_groups``); a row's entries are written at its own slots (``kv.StaticKV.write_tokens``); the
+        own cache only (``masks.step_mask`` of its prefix and tree; rows of as many tokens at consecutive cache rows
+        in one call, ``masks.groups``); a row's entries are written at its own slots (``kv.StaticKV.write_tokens``); the
         lm_head runs on the kept positions only."""
         if len(rows) == 1:  # one row: forward (the compiled steps)
             return super().forward_rows(rows, tokens, trees, hidden=hidden, keep=keep)
@@ -378,26 +317,24 @@ class StaticEngine(Engine):
         dev, lengths = self.device, self.cache.lengths
         pasts = [lengths[r] for r in rows]
         spans = [self._room(p + n) for p, n in zip(pasts, counts)]  # each row's own, in whole spans
-        places = [self._positions(p, n, tree, n) for p, n, tree in zip(pasts, counts, trees)]
-        masks = [self._masks(self._mask(p, n, tree, span, n), p, at)
-                 for p, n, tree, span, at in zip(pasts, counts, trees, spans, places)]
-        positions = torch.cat(places)
-        rope = {name: (cos[positions], sin[positions]) for name, (cos, sin) in self._rope.items()}  # [T, d] each
+        places = [masks.positions(p, n, tree, n, dev) for p, n, tree in zip(pasts, counts, trees)]
+        row_masks = [masks.windowed(masks.step_mask(p, n, tree, span, n, dev), p, at, self.plan.windows)
+                     for p, n, tree, span, at in zip(pasts, counts, trees, spans, places)]
+        at = torch.cat(places)
+        rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}  # [T, d] each
         where = kv.StaticKV.places(rows, pasts, counts, dev)
         ends = torch.tensor(counts).cumsum(0).tolist()
-        groups = _groups(rows, counts, spans, masks)
+        runs = masks.groups(rows, counts, spans, row_masks)
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
-        x = self.embed(torch.cat(tokens))  # [T, hidden]
-        for i, layer in enumerate(self.layers):
-            if taps is not None and i in hidden:
-                taps.append(x)
-            q, k, v = layer.qkv(x, *rope[layer.rope])  # [heads, T, d], [kv_heads, T, d]
-            keys, values = self.cache.write_tokens(i, where, k, v)  # [rows, kv_heads, capacity, d]
-            o = torch.cat([layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
-                                        keys[r:r + g, :, :span], values[r:r + g, :, :span],
-                                        mask[layer.window]).flatten(0, 1)
-                           for r, g, n, a, span, mask in groups])
-            x = layer.rest(x, o)
+
+        def attend(layer, q, keys, values):  # [heads, T, d] over each run's rows' caches [rows, kv_heads, capacity, d]
+            return torch.cat([layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
+                                           keys[r:r + g, :, :span], values[r:r + g, :, :span],
+                                           mask[layer.window]).flatten(0, 1)
+                              for r, g, n, a, span, mask in runs])
+
+        x = self._layers(self.embed(torch.cat(tokens)), rope, lambda i, k, v: self.cache.write_tokens(i, where, k, v),
+                         attend, hidden if taps is not None else (), taps)  # [T, hidden]
         h = self.norm(x)
         kept = [torch.arange(e - k, e) for e, k in zip(ends, keep)]
         logits = self.plan.logits(self.lm_head, h[torch.cat(kept).to(dev)]).split(keep)
@@ -410,19 +347,26 @@ class StaticEngine(Engine):
         self.last_slots = ends[-1]
         return list(zip(logits, states))
 
-    def _layers(self, x, rope, masks, slots, keys, values, layers=(), taps=None):
-        """The decoder layers over [n, hidden] activations (``rope``: each rotary table's cos, sin [n, d]; ``masks``:
-        window -> [n, span]); writes the n new entries into one row's cache ``keys/values`` [layers, kv_heads,
-        capacity, head_dim] and attends over the first ``span``; appends the input of every layer in ``layers`` to
-        ``taps``."""
-        span = next(iter(masks.values())).shape[1]
+    def _layers(self, x, rope, write, attend, taps=(), tapped=None):
+        """The decoder layers, the engine's one loop, over activations [T, hidden] (``rope``: each rotary table's
+        cos, sin [T, d]): each layer's new keys and values stored by ``write(i, k, v)``, which returns what its
+        attention reads, and its queries attending through ``attend(layer, q, keys, values)``; the input of every
+        layer in ``taps`` appended to ``tapped``."""
         for i, layer in enumerate(self.layers):
-            if i in layers:
-                taps.append(x)
+            if i in taps:
+                tapped.append(x)
             q, k, v = layer.qkv(x, *rope[layer.rope])
-            k, v = kv.StaticKV.write(keys, values, i, slots, k, v, span)
-            x = layer.rest(x, layer.attend(q, k, v, masks[layer.window]))
+            keys, values = write(i, k, v)
+            x = layer.rest(x, attend(layer, q, keys, values))
         return x
+
+    def _row(self, x, rope, windows, slots, keys, values, taps=(), tapped=None):
+        """``_layers`` over one row's step: [n, hidden] written at ``slots`` of the row's cache ``keys/values``
+        ([layers, kv_heads, capacity, head_dim]: passed in, so that a compiled step takes them as inputs), attending
+        over the first ``span`` slots with ``windows`` (window -> mask [n, span])."""
+        span = next(iter(windows.values())).shape[1]
+        return self._layers(x, rope, lambda i, k, v: kv.StaticKV.write(keys, values, i, slots, k, v, span),
+                            lambda layer, q, k, v: layer.attend(q, k, v, windows[layer.window]), taps, tapped)
 
     @torch.inference_mode()
     def commit(self, start: int, path: list[int], row: int = 0) -> None:

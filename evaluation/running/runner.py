@@ -10,8 +10,6 @@ as soon as its last turn has finished; the side-by-side benchmarks hold several 
 """
 from __future__ import annotations
 
-import platform
-import subprocess
 import sys
 import time
 import uuid
@@ -21,52 +19,24 @@ from dataclasses import asdict
 from pathlib import Path
 from textwrap import shorten
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.answers import ANSWERS, SUMMARY, AnswerWriter, folder_lock
-from evaluation.config import (ModelSpec, batch_size, config_mismatch, int_setting, method_params, model_spec,
+from evaluation.records.answers import ANSWERS, AnswerWriter, folder_lock
+from evaluation.records.bench import Question, load_bench, shard
+from evaluation.running import folder
+from evaluation.running.config import (ModelSpec, batch_size, config_mismatch, int_setting, method_params, model_spec,
                                prefill_chunk, sampling_settings)
-from evaluation.data import Question, load_bench, shard
-from evaluation.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
-from evaluation.prompts import check_template, describe, prompt_ids
+from evaluation.running.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
+from evaluation.running.prompts import check_template, describe, prompt_ids
 from methods import machine
 from methods.base import Preparation, build_proposer, check_method
-from methods.common import CACHE, ROOT, HarnessError, atomic, load_torch_safe, save_torch_atomic, write_json_atomic
+from methods.common import CACHE, HarnessError, load_torch_safe, save_torch_atomic, write_json_atomic
 from methods.decode import Generation, Request, decode_batch
 from methods.engine import build_engine
 from methods.sampling import Sampler, Sampling
 
 STATE = "proposer_state.pt"
-
-
-def environment(device: torch.device, dtype: torch.dtype) -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except OSError:
-            return ""
-
-    import fastchat
-    import transformers
-
-    return {
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "fschat": fastchat.__version__,
-        "hydra": hydra.__version__,
-        "device": str(device),
-        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else platform.processor() or platform.machine()),
-        "cpu_threads": torch.get_num_threads(),
-        "cpu": machine.cpu(),  # model, ISA flags, cores: which kernels win depends on them
-        "dtype": str(dtype).removeprefix("torch."),
-        "host": platform.node(),
-    }
 
 
 def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
@@ -155,12 +125,12 @@ class Runner:
         self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
         # one proposer per slot (Proposer.fork: what the batch shares, what each slot keeps for itself)
         self.proposers = [self.proposer] + [self.proposer.fork() for _ in range(self.batch_size - 1)]
-        self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.metrics)
+        self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.records.metrics)
         self.clock0 = time.perf_counter()
 
     def own_prompts(self, n: int) -> list[list[int]]:
         """The first ``n`` of the project's own prompts (never the benchmark's) in this model's template."""
-        from evaluation.own_prompts import calibration_prompts
+        from evaluation.running.own_prompts import calibration_prompts
 
         return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
 
@@ -170,7 +140,7 @@ class Runner:
         return Request(ids, max_new_tokens, turn, sampler, tag)
 
     def _folded(self, gen: Generation) -> int:
-        """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.metrics``): its drafting
+        """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.records.metrics``): its drafting
         references verify their first drafts in the prompt's own forward, so our prefill step joins the next."""
         return int(self.proposer.drafts and gen.prefill_step and len(gen.accept_lengths) > 1)
 
@@ -182,6 +152,8 @@ class Runner:
         if all(g.draft_nodes is not None for g in turns):
             out["draft_nodes"] = [n for g in turns for n in g.draft_nodes]
             out["draft_depths"] = [d for g in turns for d in g.draft_depths]
+        if all(g.step_times for g in turns):  # seconds from each turn's start to each step's commit
+            out["step_times"] = [round(t, 6) for g in turns for t in g.step_times]
         if any(g.step_info for g in turns):
             out["step_info"] = [i for g in turns for i in (g.step_info or [None] * len(g.accept_lengths))]
         if any(g.batch_rows for g in turns):  # batched: per step, the rows and token positions of its forward
@@ -294,15 +266,11 @@ def run(cfg: DictConfig, out: Path) -> Path:
 def _run(cfg: DictConfig, out: Path) -> Path:
     int_setting(cfg.warmup, "warmup", 0)
     int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
-    b = cfg.bench
-    selection = load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
-                           limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
-    if note := sample_note(b, selection):
+    selected = folder.selection(cfg)
+    if note := sample_note(cfg.bench, selected):
         print(note)
-    questions = shard(selection, cfg.runtime.shard, cfg.runtime.num_shards)
-    if (size := batch_size(cfg)) > len(questions):
-        raise HarnessError(f"runtime.batch_size={size} but the run has {len(questions)} question(s), so the batch "
-                           f"could never be full; give a batch size of at most {len(questions)} or more questions")
+    questions = shard(selected, cfg.runtime.shard, cfg.runtime.num_shards)
+    folder.check_batch(batch_size(cfg), len(questions))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     config_file = out / "config.yaml"
     if config_file.exists():
@@ -323,8 +291,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         kept = sum(q.question_id in writer.done for q in questions)
         print(f"resuming: {kept} of {len(questions)} answers kept in {out / ANSWERS}"
               f"{'; a half-written last line dropped' if writer.cut_short else ''}")
-    with atomic(config_file) as tmp:
-        OmegaConf.save(cfg, tmp, resolve=True)
+    folder.write_config(out, cfg)
     spec, claim = model_spec(cfg), None
     if cfg.runtime.get("exclusive_device", False):  # parallel local jobs: one device each (conf/cluster/)
         spec, claim = claim_device(spec)
@@ -338,38 +305,27 @@ def _run(cfg: DictConfig, out: Path) -> Path:
           f"suffix {prompt['suffix']!r}; from {prompt['source']}")
     dtype = next(runner.model.parameters()).dtype
     todo = [q for q in questions if q.question_id not in writer.done]
-    warm = [selection[0]] if todo and cfg.warmup and selection[0] not in todo else []
+    warm = [selected[0]] if todo and cfg.warmup and selected[0] not in todo else []
     for warning in [*start_warnings(runner, dtype), *prompt_room(runner, warm + todo)]:
         print(f"WARNING: {warning}", file=sys.stderr, flush=True)
-    summary = {
-        "status": "running",
-        "model": runner.spec.name,
-        "method": runner.method,
-        "bench": b.name,
-        "questions": len(questions),
-        "shard": {"index": cfg.runtime.shard, "count": cfg.runtime.num_shards,
-                  "selection": [q.question_id for q in selection], "questions": [q.question_id for q in questions]},
-        "config": resolved,
-        "environment": environment(runner.device, dtype),
-        "engine": runner.engine.summary(),
-        "prompt": prompt,
-        **({"device_claim": claim} if claim else {}),
+    summary = folder.summary(
+        runner, cfg, "running", len(questions),
+        shard={"index": cfg.runtime.shard, "count": cfg.runtime.num_shards,
+               "selection": [q.question_id for q in selected], "questions": [q.question_id for q in questions]},
+        prompt=prompt, **({"device_claim": claim} if claim else {}),
         **({"device_fallback": warning} if (warning := cpu_fallback(runner.spec, runner.device)) else {}),
-        "method_state": runner.proposer.summary(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    write_json_atomic(out / SUMMARY, summary)
+        started=folder.now())
+    folder.write_summary(out, summary)
     try:
-        _answer_all(cfg, runner, out, writer, selection, todo)
+        _answer_all(cfg, runner, out, writer, selected, todo)
     except KeyboardInterrupt:
-        summary.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       answered=len(writer.done))
-        write_json_atomic(out / SUMMARY, summary)
+        summary.update(status="interrupted", interrupted=folder.now(), answered=len(writer.done))
+        folder.write_summary(out, summary)
         kept = (f"{len(writer.done)} answer(s) kept in {out / ANSWERS}" if writer.done else "no answer had finished")
         raise KeyboardInterrupt(f"{kept}; rerun the same command to resume") from None
-    summary.update(status="finished", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   answered=len(writer.done), method_state=runner.proposer.summary(), engine=runner.engine.summary())
-    write_json_atomic(out / SUMMARY, summary)
+    summary.update(status="finished", finished=folder.now(), answered=len(writer.done),
+                   method_state=runner.proposer.summary(), engine=runner.engine.summary())
+    folder.write_summary(out, summary)
     print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
     return out
 

@@ -8,9 +8,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
-from evaluation.consistency import Side, check
-from evaluation.metrics import load_stats
+from evaluation.records.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
+from evaluation.records.consistency import Side, check, sampling_label
+from evaluation.records.metrics import load_stats
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
@@ -130,29 +130,20 @@ def run_tokenizer(file: str | Path) -> tuple[str, object] | None:
 
 def spec_bench_tokens_of(file: str | Path, records: list[dict]) -> dict[int, int] | None:
     """The new tokens Spec-Bench's ``evaluation/speed.py`` counts for ``records`` as a baseline
-    (``evaluation.metrics.spec_bench_tokens``), with the run's tokenizer (``run_tokenizer``); None without one."""
+    (``evaluation.records.metrics.spec_bench_tokens``), with the run's tokenizer (``run_tokenizer``); None without one."""
     found = run_tokenizer(file)
     if found is None:
         return None
-    from evaluation.metrics import spec_bench_tokens
+    from evaluation.records.metrics import spec_bench_tokens
 
     return spec_bench_tokens(records, found[1])
 
 
 @functools.cache
 def _tokenizer(model: str):
-    from evaluation.models import ModelSpec, load_tokenizer
+    from evaluation.running.models import ModelSpec, load_tokenizer
 
     return load_tokenizer(ModelSpec(**json.loads(model)))
-
-
-def sampling_label(sampling: dict | None) -> str | None:
-    """``T=0.7 seed=1`` (with any top-k or top-p) for a run that sampled, None for a greedy one (or one from before
-    sampling settings existed)."""
-    from methods.sampling import Sampling
-
-    s = Sampling(**sampling) if sampling else Sampling()
-    return None if s.greedy else s.label()
 
 
 def engine_name(engine: dict | None, ran: dict | None = None, device: str = "cpu") -> str:
@@ -226,12 +217,12 @@ def check_machines(groups: list[Group]) -> None:
 
 
 def side(run: Run) -> Side:
-    """The run as ``evaluation.consistency`` checks it, named by its folder (ours) or its file."""
+    """The run as ``evaluation.records.consistency`` checks it, named by its folder (ours) or its file."""
     return Side(run.path.parent if run.path.name == ANSWERS else run.path, run.summary, run.records)
 
 
 def check_runs(groups: list[Group], allow_unfinished: bool = False) -> str | None:
-    """The consistency rule (``evaluation.consistency``) on a table: every row shares the questions and the new
+    """The consistency rule (``evaluation.records.consistency``) on a table: every row shares the questions and the new
     tokens of the caption, and each row's model, sampling settings and batch size are its baseline's. Returns the
     note the caption needs for unfinished runs (allowed), else None."""
     runs = list({id(r): r for g in groups for r in g.baseline + g.runs}.values())
@@ -416,7 +407,7 @@ WAIT_SHARE, STEP_SPREAD, OVER_MAT = 0.2, 3.0, 1.1
 
 def disturbance_note(runs: dict[str, list[dict]], rows: list[tuple[str, str, float, float]]) -> str | None:
     """None for quiet timings; else one line naming every sign of a busy machine: ``runs`` maps a run's label to
-    its records (``evaluation.metrics.load_stats``), ``rows`` are (label, task, speedup, MAT) of a table. The
+    its records (``evaluation.records.metrics.load_stats``), ``rows`` are (label, task, speedup, MAT) of a table. The
     numbers stay as they are: the line marks them."""
     signs = []
     for label, records in runs.items():

@@ -1,12 +1,12 @@
 """report.html: the whole report on one page that opens anywhere, offline, and shows what the tables only count.
 
-Beside the tables (the main table's cells are ``evaluation.tables._display``'s, the markdown file's text) and the
+Beside the tables (the same rows of text as the markdown files: ``evaluation.reporting.tables``' ``*_rows``) and the
 figures (inlined as base64 PNG), it holds every answer token by token: each generated token is an element marked
 by the step that committed it (a draft the target accepted, or the step's bonus token: the target's own, which
 ends every step and is all a prefill step yields), its tooltip the step, its accept length and its draft size. So
 one can see where a method's drafts land and where they fail, question by question. A turn that is not
-token-identical to the baseline shows its first divergence (``evaluation.equal.compare``), classified by
-re-running the baseline's model only when there is one (``evaluation.equal.explain``: normally there is none).
+token-identical to the baseline shows its first divergence (``evaluation.records.equality.compare``), classified by
+re-running the baseline's model only when there is one (``evaluation.running.explain``: normally there is none).
 Nothing is fetched: CSS, script and data are in the file; the answers are JSON that the script renders for the
 question chosen, so that a report of 480 questions stays small and quick to open.
 """
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.equal import compare, explain
-from evaluation.metrics import per_question
-from evaluation.report_runs import Group, Run, bench_line, environment_line, run_tokenizer
-from evaluation.tables import _display, batch_markdown, batch_sizes, depth_markdown, drafter_markdown
+from evaluation.records.equality import compare
+from evaluation.running.explain import explain
+from evaluation.records.metrics import per_question
+from evaluation.reporting.collect import Group, Run, bench_line, environment_line, run_tokenizer
+from evaluation.reporting.tables import batch_rows, batch_sizes, depth_rows, drafter_rows, main_rows
 from methods.common import HarnessError, write_text_atomic
 
 WINDOW = 4  # tokens decoded before each token: a character split over byte tokens is at most 4 bytes
@@ -32,21 +33,21 @@ WINDOW = 4  # tokens decoded before each token: a character split over byte toke
 
 def write_html(out: Path, table: pd.DataFrame, stats: pd.DataFrame, groups: list[Group], depths: pd.DataFrame,
                drafters: pd.DataFrame, files: list[Path], notes: list[str], batch: pd.DataFrame | None = None) -> Path:
-    """Write ``out/report.html`` from what ``evaluation.report.report`` made (its PNG ``files`` inlined; ``notes``:
+    """Write ``out/report.html`` from what ``evaluation.reporting.build.report`` made (its PNG ``files`` inlined; ``notes``:
     the lines under its main table; ``batch``: its numbers under load, a table per batch size)."""
     identity, diverged = _identity(groups)
-    header, body = _display(table, " ± ")
+    header, body = main_rows(table)
     sections = [
         ("Main table", _table(header, [[_unbroken_brackets(c) for c in row] for row in body], "main")
          + "".join(f"<p class=note>{escape(n)}</p>" for n in notes)),
-        ("Under load", "".join(f"<h3>Batch size {size}</h3>" + _markdown_table(batch_markdown(batch, size))
+        ("Under load", "".join(f"<h3>Batch size {size}</h3>" + _text_table(*batch_rows(batch, size))
                                for size in batch_sizes(batch)) if batch is not None else ""),
         ("Figures", "<div class=figures>" + "".join(
             f"<figure><img alt='{escape(f.stem)}' src='data:image/png;base64,"
             f"{base64.b64encode(f.read_bytes()).decode()}'><figcaption>{escape(f.stem)}</figcaption></figure>"
             for f in files if f.suffix == ".png") + "</div>"),
-        ("Acceptance by depth", _markdown_table(depth_markdown(depths)) if len(depths) else ""),
-        ("Drafters", _markdown_table(drafter_markdown(drafters)) if len(drafters) else ""),
+        ("Acceptance by depth", _text_table(*depth_rows(depths)) if len(depths) else ""),
+        ("Drafters", _text_table(*drafter_rows(drafters)) if len(drafters) else ""),
         ("Every number per task", "<details><summary>tasks.csv</summary>" + stats.to_html(
             index=False, border=0, na_rep="-", float_format=lambda x: f"{x:.2f}") + "</details>"),
         ("Token-identical to the baseline", identity),
@@ -80,10 +81,9 @@ def _unbroken_brackets(text: str) -> str:
     return re.sub(r"\[[^\]]*\]", lambda m: f"<span class=nw>{m[0]}</span>", escape(text))
 
 
-def _markdown_table(md: str) -> str:
-    """A markdown table of ``evaluation.tables`` as HTML, cell for cell (the separator row left out)."""
-    rows = [[escape(c.strip()) for c in line.strip()[1:-1].split("|")] for line in md.strip().splitlines()]
-    return _table(rows[0], rows[2:])
+def _text_table(header: list[str], body: list[list[str]]) -> str:
+    """A table of ``evaluation.reporting.tables`` rows of text as HTML, cell for cell."""
+    return _table([h for h in header], [[escape(c) for c in row] for row in body])
 
 
 def _link(qid) -> str:
@@ -137,7 +137,7 @@ def _token(found, token) -> str:
 # ---------------------------------------------------------------- question by question
 
 def _per_question(runs: list[Run]) -> pd.DataFrame:
-    """Per question over the repeats ``runs``: MAT, mean wall time and tokens/s (``evaluation.metrics``)."""
+    """Per question over the repeats ``runs``: MAT, mean wall time and tokens/s (``evaluation.records.metrics``)."""
     q = pd.concat([per_question(r.records) for r in runs])
     s = q[["accepted", "steps", "new_tokens", "wall_time"]].groupby(level=0).sum()
     return pd.DataFrame({"task": q.groupby(level=0)["task"].first(), "mat": s["accepted"] / s["steps"],

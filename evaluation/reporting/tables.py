@@ -1,17 +1,20 @@
-"""The tables of a report: per-task statistics of every row, the main table, and its markdown and LaTeX forms."""
+"""The tables of a report: per-task statistics of every row, the main table, the tables of acceptance by depth, of
+the hybrids' drafters and under load, each as rows of text (header, body: ``render`` writes them as markdown,
+LaTeX or HTML) from the columns of ``columns``."""
 from __future__ import annotations
 
 import math
 
 import pandas as pd
 
-from evaluation.data import TASKS
-from evaluation.metrics import (OVERALL, batch_stats, crossover, depth_acceptance, drafter_table, load_speedup,
-                                repeat_table)
-from evaluation.report_runs import Group, spec_bench_tokens_of
+from evaluation.records.bench import TASKS
+from evaluation.records.metrics import (OVERALL, batch_stats, crossover, depth_acceptance, drafter_table,
+                                        load_speedup, repeat_table)
+from evaluation.reporting.collect import Group, spec_bench_tokens_of
+from evaluation.reporting.columns import Column, columns, task_column
+from evaluation.reporting.render import markdown_rows
 
-TASK_NAMES = {"mt_bench": "MT-Bench", "translation": "Translation", "summarization": "Summarization",
-              "qa": "QA", "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
+Rows = tuple[list[str], list[list[str]]]  # a table as text: header, body
 
 
 def task_stats(groups: list[Group]) -> pd.DataFrame:
@@ -34,7 +37,8 @@ def task_stats(groups: list[Group]) -> pd.DataFrame:
 
 
 def main_table(stats: pd.DataFrame) -> pd.DataFrame:
-    """One row per model and method: speedup per task, MAT, tokens/s, overall speedup (numbers, means and stds)."""
+    """One row per model and method: speedup per task, then the main table's columns (``columns("main")``) of the
+    overall row (numbers, means and stds, intervals)."""
     rows = []
     for (model, method), t in stats.groupby(["model", "method"], sort=False):
         t = t.set_index("task")
@@ -44,19 +48,26 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
             for suffix in ("", "_std", "_lo", "_hi"):
                 row[task + suffix] = t.loc[task, "speedup" + suffix]
         o = t.loc[OVERALL]
-        for metric in ("mat", "mat_specbench", "tok_per_s", "speedup"):
-            for suffix in ("", "_std") + (("_lo", "_hi") if metric != "tok_per_s" else ()):
-                row[metric + suffix] = o[metric + suffix]
+        for c in columns("main"):
+            for suffix in ("",) + (("_std",) if c.spread else ()) + (("_lo", "_hi") if "main" in c.interval else ()):
+                row[c.key + suffix] = o[c.key + suffix]
         row["questions"] = int(o["questions"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def main_columns(table: pd.DataFrame) -> list[Column]:
+    """The main table's columns: a speedup per task it holds (``main_table``'s order), then ``columns("main")``."""
+    main = {c.key for c in columns("main")} | {"model", "method", "baseline", "repeats", "questions"}
+    tasks = [c for c in table.columns if c not in main and not c.endswith(("_std", "_lo", "_hi"))]
+    return [task_column(t) for t in tasks] + columns("main")
 
 
 DEPTHS = 8  # depth columns of the markdown table (the CSV has every depth)
 
 
 def depth_stats(groups: list[Group]) -> pd.DataFrame:
-    """Long table: acceptance at each depth (``evaluation.metrics.depth_acceptance``) per model and method that
+    """Long table: acceptance at each depth (``evaluation.records.metrics.depth_acceptance``) per model and method that
     drafted (rows: model, method, depth, tried, accepted, rate)."""
     frames = []
     for g in groups:
@@ -67,20 +78,24 @@ def depth_stats(groups: list[Group]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
-def depth_markdown(long: pd.DataFrame) -> str:
+def depth_rows(long: pd.DataFrame) -> Rows:
     """Rate (and tries) per depth, one row per model and method, depths 1..DEPTHS."""
     header = ["Model", "Method"] + [f"d={d}" for d in range(1, DEPTHS + 1)]
-    rows = [header, ["---"] * 2 + ["---:"] * DEPTHS]
+    body = []
     for (model, method), t in long.groupby(["model", "method"], sort=False):
         t = t.set_index("depth")
         cells = [f"{t.loc[d, 'rate']:.3f} ({int(t.loc[d, 'tried'])})" if d in t.index and t.loc[d, "tried"] else "-"
                  for d in range(1, DEPTHS + 1)]
-        rows.append([str(model), str(method)] + cells)
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+        body.append([str(model), str(method)] + cells)
+    return header, body
+
+
+def depth_markdown(long: pd.DataFrame) -> str:
+    return markdown_rows(*depth_rows(long))
 
 
 def drafter_stats(groups: list[Group]) -> pd.DataFrame:
-    """Long table: each hybrid's drafters (``evaluation.metrics.drafter_table``): model, method, drafter, steps,
+    """Long table: each hybrid's drafters (``evaluation.records.metrics.drafter_table``): model, method, drafter, steps,
     share, mat, nodes. Empty when no method records its drafters."""
     frames = [drafter_table(g.records).reset_index().assign(model=g.model, method=g.label) for g in groups]
     cols = ["model", "method", "drafter", "steps", "share", "mat", "nodes"]
@@ -88,13 +103,15 @@ def drafter_stats(groups: list[Group]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
-def drafter_markdown(long: pd.DataFrame) -> str:
+def drafter_rows(long: pd.DataFrame) -> Rows:
     header = ["Model", "Method", "Drafter", "Steps", "Share", "MAT", "Nodes"]
-    rows = [header, ["---"] * 3 + ["---:"] * 4]
-    for _, r in long.iterrows():
-        rows.append([str(r["model"]), str(r["method"]), str(r["drafter"]), str(int(r["steps"])),
-                     f"{100 * r['share']:.1f}%", f"{r['mat']:.2f}", f"{r['nodes']:.1f}"])
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    body = [[str(r["model"]), str(r["method"]), str(r["drafter"]), str(int(r["steps"])), f"{100 * r['share']:.1f}%",
+             f"{r['mat']:.2f}", f"{r['nodes']:.1f}"] for _, r in long.iterrows()]
+    return header, body
+
+
+def drafter_markdown(long: pd.DataFrame) -> str:
+    return markdown_rows(*drafter_rows(long), lead=3)
 
 
 def batched(groups: list[Group]) -> bool:
@@ -103,13 +120,12 @@ def batched(groups: list[Group]) -> bool:
     return len(sizes) > 1 or any(s > 1 for s in sizes)
 
 
-UNDER_LOAD = ["throughput", "ttft_mean", "ttft_p50", "ttft_p90", "tpot_mean", "tpot_p50", "tpot_p90",
-              "forward_tokens", "padding"]
+UNDER_LOAD = [c.key for c in columns("batch") if c.key not in ("mat", "speedup")]  # batch_stats' numbers shown
 
 
 def batch_table(groups: list[Group], stats: pd.DataFrame) -> pd.DataFrame:
     """Long table of a batched report (``batched``), one row per group: model, method (its label without the batch
-    size), batch_size, baseline, mat (the main table's), the numbers under load of ``evaluation.metrics.batch_stats``
+    size), batch_size, baseline, mat (the main table's), the numbers under load of ``evaluation.records.metrics.batch_stats``
     (repeats pooled) and speedup (``load_speedup``: over its baseline, vanilla at the same batch size). Empty when the
     runs are not batched."""
     cols = ["model", "method", "batch_size", "baseline", "mat", "speedup"] + UNDER_LOAD
@@ -126,34 +142,28 @@ def batch_table(groups: list[Group], stats: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-LOAD_COLUMNS = [(f"{name} {stat} (ms)", f"{name.lower()}_{stat}", ".1f", 1000) for name in ("TTFT", "TPOT")
-                for stat in ("mean", "p50", "p90")] + [("Forward tokens", "forward_tokens", ".1f", 1),
-                                                       ("Padding", "padding", ".1%", 1)]
-
-
 def batch_sizes(long: pd.DataFrame) -> list[int]:
     """The batch sizes of ``batch_table``'s rows, in order."""
     return sorted({int(b) for b in long["batch_size"].dropna()})
 
 
-def batch_markdown(long: pd.DataFrame, size: int) -> str:
-    """The rows of one batch size of ``batch_table``: MAT, throughput, speedup in throughput, TTFT and TPOT (ms),
-    forward tokens and the share of them that was padding; a missing number shows as "-"."""
-    def number(x, form: str, scale: float = 1, unit: str = "") -> str:
-        return "-" if _missing(x) else format(scale * x, form) + unit
+def batch_rows(long: pd.DataFrame, size: int) -> Rows:
+    """The rows of one batch size of ``batch_table``, in the columns of ``columns("batch")``: MAT, throughput,
+    speedup in throughput, TTFT and TPOT (ms), forward tokens and the share of them that was padding."""
+    shown = columns("batch")
+    header = ["Model", "Method"] + [c.label for c in shown]
+    body = [[str(r["model"]), str(r["method"])] + [c.cell(r) for c in shown]
+            for _, r in long[long["batch_size"] == size].iterrows()]
+    return header, body
 
-    header = ["Model", "Method", "MAT", "Throughput (tok/s)", "Speedup"] + [c[0] for c in LOAD_COLUMNS]
-    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)]
-    for _, r in long[long["batch_size"] == size].iterrows():
-        rows.append([str(r["model"]), str(r["method"]), number(r["mat"], ".2f"), number(r["throughput"], ".2f"),
-                     number(r["speedup"], ".2f", unit="×")]
-                    + [number(r[key], form, scale) for _, key, form, scale in LOAD_COLUMNS])
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+def batch_markdown(long: pd.DataFrame, size: int) -> str:
+    return markdown_rows(*batch_rows(long, size))
 
 
 def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, str]]:
     """Per (model, method) of ``batch_table`` with a measured speedup: the batch size where it falls below 1.0x
-    (``evaluation.metrics.crossover``; None: it never does) and that as text: ``below 1.0× from B≈2.83``, or
+    (``evaluation.records.metrics.crossover``; None: it never does) and that as text: ``below 1.0× from B≈2.83``, or
     ``above 1.0× up to B=16``."""
     out = {}
     methods = long[~long["baseline"].astype(bool) & long["speedup"].notna()]
@@ -164,39 +174,17 @@ def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, 
     return out
 
 
-def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def _cell(r: pd.Series, key: str, digits: int, pm: str, unit: str = "") -> str:
-    """A mean with its spread over repeats (a single run has none) and its 95% interval over questions, where the
-    table has one: ``1.85 ± 0.03× [1.71, 2.01]``; a missing number shows as "-" rather than "nan"."""
-    mean, std = r[key], r.get(key + "_std")
-    if _missing(mean):
-        return "-"
-    text = f"{mean:.{digits}f}" + ("" if _missing(std) else f"{pm}{std:.{digits}f}") + unit
-    lo, hi = r.get(key + "_lo"), r.get(key + "_hi")
-    return text + ("" if _missing(lo) or _missing(hi) else f" [{lo:.{digits}f}, {hi:.{digits}f}]")
-
-
-def _display(table: pd.DataFrame, pm: str) -> tuple[list[str], list[list[str]]]:
-    """Header and cells as text, shared by the markdown and LaTeX forms so that both show the same numbers."""
-    tasks = [c for c in table.columns if c in TASK_NAMES and c != OVERALL]
-    header = ["Model", "Method"] + [TASK_NAMES[t] for t in tasks] + ["MAT", "MAT (Spec-Bench)", "Tokens/s",
-                                                                      "Speedup"]
-    body = []
-    for _, r in table.iterrows():
-        body.append([str(r["model"]), str(r["method"])] + [_cell(r, t, 2, pm, "×") for t in tasks]
-                    + [_cell(r, "mat", 2, pm), _cell(r, "mat_specbench", 2, pm), _cell(r, "tok_per_s", 2, pm),
-                       _cell(r, "speedup", 2, pm, "×")])
+def main_rows(table: pd.DataFrame, pm: str = " ± ") -> Rows:
+    """The main table as text, shared by its markdown, LaTeX and HTML forms so that all show the same numbers."""
+    shown = main_columns(table)
+    header = ["Model", "Method"] + [c.label for c in shown]
+    body = [[str(r["model"]), str(r["method"])] + [c.cell(r, pm) for c in shown] for _, r in table.iterrows()]
     return header, body
 
 
 def to_markdown(table: pd.DataFrame) -> str:
     """The main table as a markdown table, numbers right-aligned."""
-    header, body = _display(table, " ± ")
-    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)] + body
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    return markdown_rows(*main_rows(table))
 
 
 def _tex(s: str) -> str:
@@ -209,13 +197,11 @@ def _tex(s: str) -> str:
 
 def to_latex(table: pd.DataFrame, caption: str) -> str:
     """A booktabs table; the best speedup of each column within a model is bold (baselines excluded)."""
-    header, body = _display(table, " ± ")
-    tasks = [c for c in table.columns if c in TASK_NAMES and c != OVERALL]
-    columns = tasks + ["mat", "mat_specbench", "tok_per_s", "speedup"]
+    header, body = main_rows(table)
     bold = set()
     for model, t in table.groupby("model", sort=False):
         methods = t[~t["baseline"]]
-        for j, c in enumerate(columns):
+        for j, c in enumerate(c.key for c in main_columns(table)):
             if len(methods) > 1 and methods[c].notna().any():
                 bold.add((methods[c].idxmax(), j + 2))
     lines = [r"\begin{table}[t]", r"\centering", r"\small",

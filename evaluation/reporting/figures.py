@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.data import TASKS
-from evaluation.metrics import OVERALL, accept_histogram
-from evaluation.report_runs import Group, bench_line
-from evaluation.tables import batch_sizes, crossovers
+from evaluation.records.bench import TASKS
+from evaluation.records.metrics import OVERALL, accept_histogram
+from evaluation.reporting.columns import BY_KEY
+from evaluation.reporting.collect import Group, bench_line
+from evaluation.reporting.tables import batch_sizes, crossovers
 from methods.common import atomic
 
 SHORT_NAMES = {"mt_bench": "MT-Bench", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
@@ -74,7 +75,7 @@ def colours(methods: list[str]) -> list[tuple]:
     return out
 
 
-METRIC_NAMES = {"speedup": "speedup", "mat": "MAT", "tok_per_s": "tokens/s"}
+METRIC_NAMES = {key: BY_KEY[key].name for key in ("speedup", "mat", "tok_per_s")}
 
 
 def _error_bars(rows: pd.DataFrame, metric: str) -> np.ndarray | None:
@@ -351,9 +352,9 @@ def plot_temperatures(stats: pd.DataFrame, groups: list[Group], out: Path, foote
 
 
 def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: str) -> list[Path]:
-    """``speedup_vs_batch``: per method (``evaluation.tables.batch_table``), its speedup in throughput over vanilla at
+    """``speedup_vs_batch``: per method (``evaluation.reporting.tables.batch_table``), its speedup in throughput over vanilla at
     the same batch size against the batch size, on a log2 axis, with the dashed line of no speedup; where a method
-    falls below it (``evaluation.metrics.crossover``) is marked with an x, and its legend entry says where, or that it
+    falls below it (``evaluation.records.metrics.crossover``) is marked with an x, and its legend entry says where, or that it
     never does."""
     rows = batch[~batch["baseline"].astype(bool) & batch["speedup"].notna()]
     if not len(rows):

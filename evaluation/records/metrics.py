@@ -16,7 +16,7 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   there. Vanilla (Spec-Bench's baseline: ``generate``, a step per token) is 1 in both.
   Worked example: a turn of accept lengths ``[1, 3, 2]`` (prefill, two steps) has MAT
   2.0 ours, 3.0 Spec-Bench's. Our answer files hold Spec-Bench's steps under its keys
-  (``[4, 2]`` here; ours under ``our_accept_lengths``: ``evaluation.answers``), so this
+  (``[4, 2]`` here; ours under ``our_accept_lengths``: ``evaluation.records.answers``), so this
   is exactly what Spec-Bench's ``evaluation/speed.py`` prints for them: the mean of every
   ``accept_lengths`` entry of the task. A file without the field counts its accept
   lengths as they are (Spec-Bench's own files are in its convention already).
@@ -85,7 +85,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from evaluation.data import TASKS, task_of
+from evaluation.records.bench import TASKS, task_of
 
 OVERALL = "overall"
 RESAMPLES = 2000  # bootstrap resamples of an interval

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.answers import first_difference
+from evaluation.records.answers import first_difference
 from methods.common import ROOT, HarnessError
 
 # Settings that cannot change a run's tokens or timings: a resumed run (or a shard being merged) may differ in
@@ -21,7 +21,7 @@ RESULT_NEUTRAL = ("runtime.progress", "runtime.exclusive_device", "report")
 class ModelSpec:
     name: str
     checkpoint: str  # a local folder, a hub id (methods.hub decides which), or "embedded:<name>"
-    # The prompt format (evaluation.prompts): the one behind the published numbers this model is compared with.
+    # The prompt format (evaluation.running.prompts): the one behind the published numbers this model is compared with.
     template: str  # a fastchat template name, or "chat_template" for the tokenizer's own
     system_prompt: str | None = None  # None: the template's own; a name in prompts.SYSTEM_PROMPTS, or the text
     prompt_suffix: str = ""  # appended to the prompt text (EAGLE's Llama-2-chat script adds " ")

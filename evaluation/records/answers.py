@@ -7,7 +7,7 @@ Each line is one question::
      "choices": [{"index": 0,
                   "turns": ["text of turn 1", "text of turn 2"],      # Spec-Bench
                   "decoding_steps": [39, 36],                          # Spec-Bench: steps per turn, as its scripts
-                                                                       # count them (evaluation/metrics.py)
+                                                                       # count them (evaluation/records/metrics.py)
                   "new_tokens": [128, 128],                            # Spec-Bench: tokens generated per turn
                   "wall_time": [2.91, 2.75],                           # Spec-Bench: seconds per turn, prefill included
                   "accept_lengths": [4, 2, ...],                       # Spec-Bench: tokens per step, all turns, the

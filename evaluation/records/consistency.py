@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from methods.common import HarnessError
+from methods.sampling import Sampling
 
 SETTINGS = ("model", "questions", "max_new_tokens", "sampling", "batch_size")
 ALLOW = "--allow-unfinished"
+
+
+def sampling_label(sampling: dict | None) -> str | None:
+    """``T=0.7 seed=1`` (with any top-k or top-p) for a run that sampled, None for a greedy one (or one from before
+    sampling settings existed)."""
+    s = Sampling(**sampling) if sampling else Sampling()
+    return None if s.greedy else s.label()
 
 
 @dataclass
@@ -52,8 +60,6 @@ class Side:
             return config.get("bench", {}).get("max_new_tokens")
         if key == "batch_size":
             return (config.get("runtime") or {}).get("batch_size", 1)
-        from evaluation.report_runs import sampling_label
-
         return sampling_label(config.get("sampling")) or "greedy"
 
 

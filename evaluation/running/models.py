@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from evaluation.config import ModelSpec
+from evaluation.running.config import ModelSpec
 from methods import hub
 from methods.common import CACHE, HarnessError, atomic
 
