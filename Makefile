@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup browser run test test-long test-fast bench clean
+.PHONY: setup browser run notebook test test-long test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ run: setup
 		"method=lookahead" --bench spec_bench_smoke --warmup 3 --out $(SMOKE)
 	for m in tr tr,method.tree=auto pld lookahead; do $(PY) -m evaluation.equal $(SMOKE)/vanilla $(SMOKE)/$$m || exit 1; done
 	$(PY) -m evaluation.report $(SMOKE) --out results/reports/smoke
+
+# The notebook executed into one page beside the report files it draws (results/reports/notebook/); it reads what
+# make run leaves, or REPORT_RUNS.
+notebook: setup
+	@if [ -z "$$REPORT_RUNS" ] && [ ! -d $(SMOKE) ]; then \
+		echo "error: no runs to draw: run make run first (it leaves $(SMOKE)), or set REPORT_RUNS=DIR1:DIR2"; exit 2; fi
+	$(VENV)/bin/jupyter nbconvert --to html --execute notebooks/report.ipynb --output-dir results/reports/notebook \
+		--output report_notebook
 
 # One worker per core (pytest-xdist), each on one OpenMP thread: most tests are small models whose steps gain
 # nothing from a second thread, and two multi-threaded processes on two cores wait on each other. A module whose

@@ -24,8 +24,10 @@ equal vanilla sampling's exactly like greedy tokens; a divergence is a **near-ti
 perturbed logits are within float noise of the best one (the rule above, the threshold divided by the
 temperature), otherwise a real mismatch.
 
-Runs of other settings (model, questions, ``bench.max_new_tokens``, sampling) are refused as a settings
-difference, and unfinished runs unless ``--allow-unfinished`` (``evaluation.records.consistency``): exit 2.
+Runs of other settings (model, ``bench.max_new_tokens``, sampling) are refused as a settings difference, and
+unfinished runs unless ``--allow-unfinished`` (``evaluation.records.consistency``): exit 2. Runs of other selections
+(a method's run of a few questions against vanilla's of many) or batch sizes are compared on the questions both
+answered, and the checker says how many of each side it left out.
 
 Exit status: 0 when everything is equal; with ``--dtype-tolerant``, also when every
 mismatch is a near-tie in a run of less than fp32 precision; 1 otherwise. In fp32 any
@@ -55,13 +57,20 @@ def main(argv=None) -> int:
                     help="compare an unfinished run on the questions both answered")
     args = ap.parse_args(argv)
     recs_a, recs_b = read_answers(args.a), read_answers(args.b)
-    # every batch size must give batch-1 vanilla's tokens: runs of other batch sizes compare
-    keys = tuple(k for k in SETTINGS if k != "batch_size")
+    # every batch size must give batch-1 vanilla's tokens, and a question's tokens do not depend on which others were
+    # asked: runs of other batch sizes or selections compare, on the questions both answered
+    keys = tuple(k for k in SETTINGS if k not in ("batch_size", "questions"))
     note = check([Side(answer_file(p).parent, read_summary(p), r) for p, r in ((args.a, recs_a), (args.b, recs_b))],
                  keys, allow_unfinished=args.allow_unfinished, fix="tokens of other settings differ by design").note
     if note:
         print(f"note: {note}")
-        common = {r["question_id"] for r in recs_a} & {r["question_id"] for r in recs_b}
+    ids_a, ids_b = ({r["question_id"] for r in recs} for recs in (recs_a, recs_b))
+    common = ids_a & ids_b
+    if not common:
+        raise HarnessError(f"{args.a} and {args.b} answer no question in common; compare runs of one selection")
+    if ids_a != ids_b:
+        print(f"note: compared on the {len(common)} question(s) both answered; left out: {len(ids_a - common)} of "
+              f"{args.a}'s, {len(ids_b - common)} of {args.b}'s")
         recs_a, recs_b = ([r for r in recs if r["question_id"] in common] for recs in (recs_a, recs_b))
     same, total, mismatches, unit = compare(recs_a, recs_b)
     if unit == "text":

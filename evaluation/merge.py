@@ -3,6 +3,7 @@
     python -m evaluation.run runtime.num_shards=2 runtime.shard=0 ...   # on one GPU or job
     python -m evaluation.run runtime.num_shards=2 runtime.shard=1 ...   # on another
     python -m evaluation.merge SHARD_DIR SHARD_DIR --out DIR
+    python -m evaluation.merge FOLDER --out DIR        # every shard below FOLDER (the method's folder, say)
 
 The merged ``answers.jsonl`` holds every question of the selection once, in the
 selection's order, and the summary of the first shard with its environment (where the
@@ -93,13 +94,31 @@ def _merge(shard_dirs: list[Path], out: Path, mixed_machines: bool) -> Path:
 @exit_on_error
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("shards", nargs="+", help="the shard run folders")
+    ap.add_argument("shards", nargs="+", help="the shard run folders, or a folder holding them")
     ap.add_argument("--out", required=True, help="folder for the merged answers.jsonl and summary.json")
     ap.add_argument("--mixed-machines", action="store_true", help="merge shards timed on different machines")
     args = ap.parse_args(argv)
-    out = merge([Path(s) for s in args.shards], Path(args.out), args.mixed_machines)
-    print(f"merged {len(args.shards)} shards -> {out / ANSWERS}")
+    shards = shard_folders([Path(s) for s in args.shards])
+    out = merge(shards, Path(args.out), args.mixed_machines)
+    print(f"merged {len(shards)} shards -> {out / ANSWERS}")
     return 0
+
+
+def shard_folders(paths: list[Path]) -> list[Path]:
+    """The shard run folders ``paths`` name: each a run folder, or a folder holding the shards of one run (found by
+    their summaries, whatever their folders' names hold: ``[81,161]`` in a name defeats a shell's glob)."""
+    out = []
+    for p in paths:
+        if (p / SUMMARY).is_file() or not p.is_dir():
+            out.append(p)
+            continue
+        found = sorted(f.parent for f in p.rglob(SUMMARY)
+                       if (read_json(f, "a run summary").get("shard") or {}).get("count", 1) > 1)
+        if not found:
+            raise HarnessError(f"{p} holds no shard of a run (no summary.json of a run with runtime.num_shards > 1); "
+                               f"give the shards' folders")
+        out += found
+    return out
 
 
 if __name__ == "__main__":

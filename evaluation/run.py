@@ -8,6 +8,7 @@ Hydra from ``conf/`` and the registered methods and engines (``evaluation.runnin
 """
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from evaluation.records.answers import read_answers
+from evaluation.reporting.collect import disturbance_note
 from evaluation.running.config import config_error, register
 from evaluation.running.models import release_devices
 from evaluation.running.runner import run
@@ -31,6 +34,9 @@ def _main(cfg: DictConfig) -> None:
         run(cfg, out)
     finally:
         release_devices()  # a launcher may run the next job in this same process (joblib with one worker)
+    note, _ = disturbance_note({str(cfg.method.name): read_answers(out)}, [])
+    if note:  # a run's own signs of a busy machine (no speedup here to hold against its MAT)
+        print(note, file=sys.stderr)
 
 
 @contextmanager

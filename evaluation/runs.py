@@ -9,7 +9,9 @@ written as overrides (settings that cannot change a result, ``RESULT_NEUTRAL``, 
 the harness gained after the run, which the run did not have); the questions answered of those selected; the
 status (``running`` while a live process holds the folder, else the summary's ``finished`` or ``interrupted``,
 which a run killed while its summary said ``running`` is too: rerun its command to resume); the overall MAT and
-tokens/s (``evaluation.records.metrics``). A markdown table, or CSV with ``--csv``. A folder that cannot be read is a row
+tokens/s (``evaluation.records.metrics``; a batched run's throughput, all its rows' tokens over its decoding time);
+``busy`` where its timings show a busy machine (``evaluation.reporting.collect.disturbance_note``). Settings longer
+than ``SETTINGS_WIDTH`` characters are cut (``…``). A markdown table, or CSV with ``--csv``. A folder that cannot be read is a row
 with status ``unreadable`` and a note on stderr saying why; the rest are listed all the same.
 """
 from __future__ import annotations
@@ -23,12 +25,14 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.records.answers import ANSWERS, SUMMARY, flat_config, folder_in_use, read_answers
-from evaluation.running.config import RESULT_NEUTRAL
-from evaluation.records.metrics import OVERALL, task_table
+from evaluation.records.metrics import OVERALL, batch_stats, task_table
+from evaluation.reporting.collect import disturbance_note
 from evaluation.reporting.render import markdown
+from evaluation.running.config import RESULT_NEUTRAL
 from methods.common import RESULTS, HarnessError, exit_on_error, read_json
 
-COLUMNS = ["path", "method", "model", "bench", "settings", "answered", "status", "MAT", "tokens/s"]
+COLUMNS = ["path", "method", "model", "bench", "settings", "answered", "status", "MAT", "tokens/s", "busy"]
+SETTINGS_WIDTH = 60  # a row fits a terminal: longer settings are cut (config.yaml has them all)
 
 
 def run_folders(roots: list[Path]) -> list[Path]:
@@ -101,16 +105,22 @@ def run_row(folder: Path) -> dict:
     config = config or {}
     records = read_answers(folder / ANSWERS) if (folder / ANSWERS).is_file() else []
     overall = task_table(records).loc[OVERALL] if records else None
+    load = batch_stats(records) if records else {}
+    batched = (load.get("batch_size") or 1) > 1 and load.get("throughput")
+    settings = changed_settings(config) if config else "?"
     if folder_in_use(folder):
         status = "running"
     else:
         status = {"finished": "finished", None: "-"}.get(summary.get("status"), "interrupted")
     return {"path": _shown(folder), "method": summary.get("method") or config.get("method", {}).get("name", "-"),
             "model": summary.get("model") or config.get("model", {}).get("name", "-"),
-            "bench": config.get("bench", {}).get("name", "-"), "settings": changed_settings(config) if config else "?",
+            "bench": config.get("bench", {}).get("name", "-"),
+            "settings": settings if len(settings) <= SETTINGS_WIDTH else settings[:SETTINGS_WIDTH - 1] + "…",
             "answered": f"{len(records)}/{summary.get('questions', '?')}", "status": status,
             "MAT": overall["mat"] if overall is not None else None,
-            "tokens/s": overall["tok_per_s"] if overall is not None else None}
+            # at batch B the run's throughput (all rows' tokens over its decoding time), not one request's rate
+            "tokens/s": load["throughput"] if batched else overall["tok_per_s"] if overall is not None else None,
+            "busy": "yes" if records and disturbance_note({"": records}, [])[0] else ""}
 
 
 def runs_table(roots: list[Path]) -> tuple[pd.DataFrame, list[str]]:

@@ -14,6 +14,7 @@ tree) in its ``artefacts`` hook.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,6 +162,11 @@ class Proposer:
     topk: int = 0  # > 0: the verifier hands back the top-k tokens of every node (one pass gives the argmax too)
     min_layers: ClassVar[int] = 1  # the fewest decoder layers a target may have (EAGLE-3 reads layers 2, L/2, L-3)
     ending: Ending | None = None  # where the reference ends a request, when later than ours (``Ending``)
+    # True: its per-request state is rebuilt from the committed context alone (``propose`` catches up on it), so a
+    # request cut off part-way can go on in another process from exactly where it was (``methods.decode.Progress``;
+    # a resumed batched run of a method whose slots share state, Token Recycling's hot matrix, needs it). False: a
+    # resumed run decodes such a request again from its start, with the slot's state as it was then.
+    resumes_mid_request: ClassVar[bool] = False
 
     @classmethod
     def example(cls, folder: Path, prompts: list[list[int]]) -> dict:
@@ -262,6 +268,26 @@ def check_method(name: str, params: dict):
     checked = parse(methods[name].Params, params, f"method '{name}'")
     methods[name].check(checked)
     return checked
+
+
+def check_artefacts(name: str, params: dict) -> None:
+    """The hub ids method ``name``'s parameters name for what the model config provides (a head, a drafter:
+    ``methods.params.artefact``), each to be had: in the hub's cache when there is no network. Said before the
+    target's weights load (after the settings alone, ``check_method``, and the target's own checkpoint)."""
+    from methods import hub
+    from methods.params import artefact_key
+
+    checked = check_method(name, params)
+    for f in dataclasses.fields(checked):
+        value = getattr(checked, f.name)
+        if not artefact_key(f) or not isinstance(value, str) or ":" in value or value == "random":
+            continue
+        try:
+            where = hub.locate(value, f"method.{f.name}")
+        except HarnessError:
+            continue  # a missing folder: the method's own check or build says so in its words
+        if isinstance(where, str) and hub.offline() and not hub.in_cache(where):
+            raise hub.not_cached(where, f"method.{f.name}")
 
 
 def build_proposer(name: str, params: dict, *, vocab_size: int, device: torch.device, target=None) -> Proposer:

@@ -22,7 +22,15 @@ import time
 
 import torch
 
-from methods.autotree import MAX_DEPTH, acceptance_table, choose_chain_caps, choose_tree, cost_curve, measure_cost
+from methods.autotree import (
+    MAX_DEPTH,
+    SIZES,
+    acceptance_table,
+    choose_chain_caps,
+    choose_tree,
+    cost_curve,
+    measure_cost,
+)
 from methods.base import Preparation
 from methods.common import DATA, read_json, write_json_atomic
 from methods.decode import generate
@@ -131,7 +139,12 @@ def engine_cost(engine, rows: int = 1) -> list[dict]:
     what verifying rows x N tokens costs), measured once per run (a hybrid's two drafters share it)."""
     key = (id(engine), rows)
     if key not in _COSTS or _COSTS[key][0] is not engine:
+        print(f"auto: timing this engine's verification of {len(SIZES)} step sizes ({min(SIZES)} to {max(SIZES)} "
+              f"tokens{f', {rows} rows' if rows > 1 else ''}) to size the drafts for this machine (once per run)",
+              flush=True)
+        t = time.perf_counter()
         _COSTS[key] = (engine, measure_cost(engine, rows=rows))
+        print(f"auto: timed in {time.perf_counter() - t:.0f} s", flush=True)
     return _COSTS[key][1]
 
 

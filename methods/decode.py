@@ -47,7 +47,6 @@ from methods.engine import Engine, HFEngine
 from methods.engine.ops import sync
 from methods.verify import Check, Chunk, step_rows
 
-
 DRAFT_ROOM = 256  # cache slots past the budget for a step's drafts (an engine grows its cache for more)
 ZERO = torch.zeros(1, dtype=torch.long)
 
@@ -105,6 +104,7 @@ class Request:
     turn: int = 0  # counts from 0 within a question (Proposer.reset)
     sampler: object = None  # a methods.sampling.Sampler of the request's question and turn, or None: greedy
     tag: object = None  # the caller's, handed back with the Generation
+    resume: "Progress | None" = None  # a request decoded part-way in an earlier process: go on from there
 
 
 @dataclass
@@ -127,6 +127,26 @@ class StepLog:
             lst.append(value)
 
 
+@dataclass
+class Progress:
+    """How far a request got (``_Row.progress``), in plain values, so that another process can go on from exactly
+    there (``Request.resume``): its cache is rebuilt by a prefill of what it had committed, its proposer's
+    per-request state from that context, and the proposer state the slot had then (``state``) is loaded again after
+    ``reset``, which has had its effects on it already. For proposers that say they can
+    (``Proposer.resumes_mid_request``)."""
+
+    new: list[int]  # the tokens committed so far (the last one the next step's root)
+    log: dict  # the StepLog's lists
+    prefill_step: bool
+    first_token: float | None
+    tail: list[int]
+    extra: list[int]
+    produced: int
+    answered: bool
+    stopped: bool
+    state: dict | None = None
+
+
 class _Row:
     """One request in a batch's slot: its tokens and counts, and the steps of ``generate``'s loop."""
 
@@ -147,6 +167,13 @@ class _Row:
         self.answered = False  # the answer is complete
         self.stopped = self.ending is None  # whether the proposer's reference has stopped
         self.first_token = None  # seconds from the start to the first new token
+        self.resumed = request.resume
+        if self.resumed is not None:
+            r = self.resumed
+            self.new, self.log = list(r.new), StepLog(**{k: list(v) for k, v in r.log.items()})
+            self.tail, self.extra, self.produced = list(r.tail), list(r.extra), r.produced
+            self.answered, self.stopped, self.first_token = r.answered, r.stopped, r.first_token
+            self.ids[self.n_prompt:self.n_prompt + len(self.new)] = torch.tensor(self.new, dtype=torch.long)
         self.t0 = self.t1 = self.t2 = 0.0  # perf_counter at the start, the end of the prefill, the answer's end
         self.first_step = False  # drafts_first: the prompt's last token is the first step's root (no prefill step)
         self.todo = self.filled = 0  # prompt tokens to prefill, and in the cache so far
@@ -182,6 +209,10 @@ class _Row:
         self.t0 = time.perf_counter()
         self.first_step = self.proposer.drafts_first and self.n_prompt > 1
         self.todo = self.n_prompt - 1 if self.first_step else self.n_prompt  # drafts_first: all but its last token
+        self.reset_on = self.todo  # the prompt the proposer's reset sees
+        if self.resumed is not None:  # what it had committed, the newest token (the next root) left out
+            self.first_step = not self.resumed.prefill_step
+            self.todo = self.n_prompt + len(self.new) - 1 if self.new else self.todo
 
     @property
     def filling(self) -> bool:
@@ -214,11 +245,15 @@ class _Row:
             logits = torch.cat([p[0] for p in self.parts])
             states = torch.cat([p[1] for p in self.parts]) if hidden else None
             self.parts = []
-        prompt = self.ids[:self.todo]
+        n = self.reset_on
         if proposer.wants_sampler:
             proposer.sampler = self.sampler
-        proposer.reset(prompt, self.request.turn, logits if proposer.wants_prompt_logits else None, states)
-        if not self.first_step:
+        proposer.reset(self.ids[:n], self.request.turn, logits[:n] if proposer.wants_prompt_logits else None,
+                       states[:n] if states is not None else None)
+        if self.resumed is not None:
+            if self.resumed.state is not None:  # the slot's proposer as it was, reset's effects included
+                proposer.load_state_dict(self.resumed.state)
+        elif not self.first_step:
             sampler, last = self.sampler, logits[-1:]
             first = int(last[0].argmax() if sampler is None else
                         sampler.draw(last, ZERO.to(self.engine.device), 0, 0)[0])
@@ -263,6 +298,12 @@ class _Row:
             sync(self.engine.device)
             self.t2 = time.perf_counter()
 
+    def progress(self) -> Progress:
+        """How far this request got, to go on from there in another process (``Request.resume``)."""
+        return Progress(list(self.new), {k: list(v) for k, v in vars(self.log).items()}, not self.first_step,
+                        self.first_token, list(self.tail), list(self.extra), self.produced, self.answered,
+                        self.stopped)
+
     def generation(self) -> Generation:
         sync(self.engine.device)
         t3 = time.perf_counter()
@@ -281,7 +322,7 @@ Feed = Callable[[int, "tuple[Request, Generation] | None"], "Request | None"]
 
 @torch.inference_mode()
 def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_ids: set[int],
-                 timer=nullcontext, prefill_chunk: int = 0) -> None:
+                 timer=nullcontext, prefill_chunk: int = 0, rows: list | None = None) -> None:
     """Decode requests in ``len(proposers)`` slots at once (continuous batching), token for token what vanilla
     decoding gives each of them alone.
 
@@ -298,9 +339,11 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     the batch's steps: each step's forward then also takes the next chunk of every slot still prefilling,
     after which (the prompt's last chunk) the slot joins the steps. The others' steps go on meanwhile, at a cost
     of a few tokens in a forward of many, where a prefill alone would stall them (Sarathi-Serve's chunked
-    prefills, Agrawal et al., OSDI 2024). With one slot this is ``generate``'s loop exactly.
+    prefills, Agrawal et al., OSDI 2024). With one slot this is ``generate``'s loop exactly. ``rows`` (a list of
+    one None per slot) is kept as each slot's request in flight, for a caller that saves how far they got
+    (``_Row.progress``).
     """
-    rows: list[_Row | None] = [None] * len(proposers)
+    rows = [None] * len(proposers) if rows is None else rows  # the caller's list, where it wants to see the rows
     chunk = prefill_chunk if len(proposers) > 1 and engine.ragged else 0
 
     def fill(slot: int, done) -> None:

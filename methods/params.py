@@ -20,7 +20,6 @@ from dataclasses import MISSING, field
 
 from methods.common import HarnessError
 
-
 AUTO = "auto"
 
 
@@ -40,13 +39,18 @@ def artefact(key: str) -> str:
     return f"${{oc.select:model.artefacts.{key},null}}"
 
 
-def artefact_keys(declarations) -> set[str]:
-    """The ``artefacts`` keys that these parameter declarations read (``artefact``)."""
+def artefact_key(f) -> str | None:
+    """The ``artefacts`` key a parameter declaration (a dataclass field) reads by default (``artefact``), or None."""
     import re
 
-    return {m.group(1) for d in declarations for f in dataclasses.fields(d)
-            if isinstance(f.metadata.get("config"), str)
-            and (m := re.fullmatch(r"\$\{oc\.select:model\.artefacts\.(\w+),null\}", f.metadata["config"]))}
+    config = f.metadata.get("config")
+    m = re.fullmatch(r"\$\{oc\.select:model\.artefacts\.(\w+),null\}", config) if isinstance(config, str) else None
+    return m.group(1) if m else None
+
+
+def artefact_keys(declarations) -> set[str]:
+    """The ``artefacts`` keys that these parameter declarations read (``artefact``)."""
+    return {k for d in declarations for f in dataclasses.fields(d) if (k := artefact_key(f))}
 
 
 def _show(value) -> str:
@@ -119,8 +123,10 @@ def config_node(name: str, declaration: type) -> dict:
     return node
 
 
-def describe(name: str, declaration: type) -> list[str]:
-    """One line per parameter: name, default, allowed values, help."""
+def describe(name: str, declaration: type, seen: dict | None = None, owner: str = "") -> list[str]:
+    """One line per parameter: name, default, allowed values, help. A default the run's config fills in from the
+    model config's artefacts is named so (``the model's artefacts.eagle_head``); with ``seen`` (help text -> where it
+    was first printed; ``owner``: the method's name there), a long help printed before is not printed again."""
     hints = typing.get_type_hints(declaration)
     lines = []
     for f in dataclasses.fields(declaration):
@@ -134,6 +140,11 @@ def describe(name: str, declaration: type) -> list[str]:
             kind = hints[f.name]
             allowed = getattr(kind, "__name__", str(kind))
         config = m.get("config", MISSING)
-        default = _show(f.default) if config is MISSING else config
-        lines.append(f"  {name}.{f.name}={default}  [{allowed}]  {m.get('help', '')}")
+        key = artefact_key(f)
+        default = _show(f.default) if config is MISSING else f"(the model's artefacts.{key})" if key else config
+        text = m.get("help", "")
+        if seen is not None and len(text) > 60:
+            where = f"{owner or name}'s {f.name}"
+            text, _ = (f"as {seen[text]}", None) if text in seen else (text, seen.setdefault(text, where))
+        lines.append(f"  {name}.{f.name}={default}  [{allowed}]  {text}")
     return lines

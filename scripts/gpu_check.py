@@ -53,7 +53,6 @@ if str(ROOT) not in sys.path:  # run as a file, too
     sys.path.insert(0, str(ROOT))
 
 from evaluation.records.equality import classify  # noqa: E402
-from scripts.shapes import random_model  # noqa: E402
 from methods.autotree import choose_tree, cost_curve, measure_cost  # noqa: E402
 from methods.base import build_proposer, registry  # noqa: E402
 from methods.calibrate import SHIPPED, calibration_name  # noqa: E402
@@ -63,6 +62,7 @@ from methods.engine import HFEngine, StaticEngine  # noqa: E402
 from methods.engine.core import sdpa_backend, sdpa_choice  # noqa: E402
 from methods.engine.ops import sync  # noqa: E402
 from methods.sampling import Sampler, Sampling  # noqa: E402
+from scripts.shapes import random_model  # noqa: E402
 
 EXAMPLES = ROOT / "data/cache/gpu_check"  # what a method's example needs on disk (REST's datastore of PROMPTS)
 # Beyond every registered method with its example settings (methods.base.Proposer.example): settings that take

@@ -23,14 +23,14 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from evaluation.running.config import compose_config, model_spec
-from evaluation.running.models import load_model
 from evaluation.reporting.collect import engine_name
+from evaluation.running.config import compose_config, model_spec
 from evaluation.running.folder import environment
-from scripts.shapes import SHAPES, random_model
+from evaluation.running.models import load_model
 from methods.autotree import choose_tree, cost_curve, measure_cost
 from methods.common import RESULTS, HarnessError, exit_on_error, write_json_atomic, write_text_atomic
 from methods.engine import build_engine
+from scripts.shapes import SHAPES, random_model
 
 PAPER_TOKENS = 81  # TR's paper tree: the root and 80 drafts
 

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import torch
 
-from evaluation.running.config import compose_config, model_spec
 from evaluation.records.bench import load_bench
 from evaluation.records.equality import TIE_EPS
+from evaluation.running.config import compose_config, model_spec
 from evaluation.running.models import load_model
 from evaluation.running.prompts import prompt_ids
 from methods.common import exit_on_error

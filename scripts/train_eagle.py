@@ -39,6 +39,7 @@ from methods.heads import eagle_train
 from methods.heads.eagle import load_head, random_head
 from scripts.training import build_data
 
+
 @exit_on_error
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -6,8 +6,8 @@ import torch
 
 import evaluation.running.runner
 from evaluation.records.answers import read_answers
-from evaluation.running.config import compose_config
 from evaluation.records.equality import compare
+from evaluation.running.config import compose_config
 from evaluation.running.runner import run
 from methods import calibrate
 from methods.autotree import choose_tree, cost_curve, expected_length

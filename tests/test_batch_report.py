@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from evaluation import report as rp, speed
-from evaluation.reporting.speed_table import speed_table
-from evaluation.reporting.render import markdown
+from evaluation import report as rp
+from evaluation import speed
 from evaluation.records.metrics import crossover
+from evaluation.reporting.render import markdown
+from evaluation.reporting.speed_table import speed_table
 from evaluation.reporting.tables import crossovers
 from tests.test_configs import _compose
 from tests.test_report import rec, write_run

@@ -149,6 +149,18 @@ def test_resume_refuses_a_different_config(vanilla_run, run_error):
 
 
 @pytest.mark.slow
+def test_equal_compares_the_questions_both_runs_answered(vanilla_run, tmp_path):
+    """A method's run of a few questions against a vanilla run of more: the common questions, and how many of each
+    side were left out (a settings difference is still refused: test_trust.py)."""
+    recs = read_answers(vanilla_run)
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(json.dumps(r) + "\n" for r in recs[:2]))
+    p = cli("evaluation.equal", str(vanilla_run), str(few))
+    assert f"note: compared on the 2 question(s) both answered; left out: {len(recs) - 2} of" in p.stdout
+    assert "EQUAL" in p.stdout and p.returncode == 0
+
+
+@pytest.mark.slow
 def test_equal_checker_reports_first_difference(vanilla_run, tmp_path):
     recs = read_answers(vanilla_run)
     recs[1]["choices"][0]["token_ids"][0][5] += 1

@@ -2,8 +2,15 @@ import json
 
 import pytest
 
-from evaluation.records.bench import (MT_BENCH_CATEGORIES, SPEC_BENCH_SHA256, TASKS, fetch_spec_bench, read_questions, select,
-                             sha256)
+from evaluation.records.bench import (
+    MT_BENCH_CATEGORIES,
+    SPEC_BENCH_SHA256,
+    TASKS,
+    fetch_spec_bench,
+    read_questions,
+    select,
+    sha256,
+)
 from methods.common import HarnessError
 
 
@@ -47,6 +54,9 @@ def test_select_by_task_category_and_id(spec_bench):
         select(spec_bench, question_ids=[9999])
     with pytest.raises(HarnessError, match="at least 1"):
         select(spec_bench, limit_per_category=0)
+    for key in ("question_ids", "categories"):  # empty: neither nothing nor, silently, everything
+        with pytest.raises(HarnessError, match=rf"bench.{key}=\[\] selects no question; leave bench.{key} out"):
+            select(spec_bench, **{key: []})
 
 
 @pytest.mark.parametrize("line, message", [

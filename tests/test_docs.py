@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.running.config import compose_config
 from evaluation.records.bench import load_bench
+from evaluation.running.config import compose_config
 from methods.common import ROOT
 
 READMES = ["README.md", "methods/README.md", "evaluation/README.md", "scripts/README.md", "results/README.md",

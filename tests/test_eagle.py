@@ -313,9 +313,9 @@ def test_a_head_for_gemma_3_takes_one_rotary_setting():
 
     from transformers import Gemma3TextConfig
 
-    from scripts.shapes import tiny
     from methods.common import ROOT
     from methods.heads.eagle import head_config, head_rope
+    from scripts.shapes import tiny
 
     target = Gemma3TextConfig(**{k: v for k, v in tiny("gemma3-270m").items() if k != "model_type"})
     full = target.rope_parameters["full_attention"]["rope_theta"]

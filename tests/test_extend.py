@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from evaluation.records.answers import read_answers
-from evaluation.running.config import compose_config
 from evaluation.records.equality import compare
+from evaluation.running.config import compose_config
 from evaluation.running.runner import run
 from methods import base
 from methods.base import Draft, Preparation, Proposer, register

@@ -6,8 +6,8 @@ window), 16 tokens a turn, to keep make test short: every step of this model tak
 Every method on all six tasks, 60 questions and 128 tokens: results/MEASUREMENTS.md (every turn identical)."""
 import pytest
 
-from evaluation.running.config import compose_config
 from evaluation.records.bench import load_bench
+from evaluation.running.config import compose_config
 from evaluation.running.models import load_model
 from evaluation.running.prompts import prompt_ids
 from evaluation.running.runner import Runner

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from evaluation.records.answers import ANSWERS
-from evaluation.running.config import compose_config
 from evaluation.records.bench import load_bench
+from evaluation.running.config import compose_config
 from methods.common import HarnessError
 from methods.tree import TreeError, load_template
 
@@ -103,6 +103,19 @@ def test_what_the_config_alone_tells_comes_before_the_model_loads(run_error, mon
 
     monkeypatch.setattr(evaluation.running.runner, "load_model", lambda spec: pytest.fail("the target model was loaded"))
     assert message in one_line(run_error(*overrides))
+
+
+def test_a_head_not_to_be_had_is_said_before_the_target_loads(run_error, monkeypatch):
+    """Offline, the target cached but its EAGLE-3 head not: the head's download is named before any weight loads
+    (it was named only after the target's weights had loaded)."""
+    import evaluation.running.runner
+    from methods import hub
+
+    monkeypatch.setattr(hub, "offline", lambda: True)
+    monkeypatch.setattr(hub, "in_cache", lambda repo: repo == "meta-llama/Llama-3.1-8B-Instruct")
+    monkeypatch.setattr(evaluation.running.runner, "load_model", lambda spec: pytest.fail("the target was loaded"))
+    line = one_line(run_error("model=llama-3.1-8b-instruct", "method=eagle3"))
+    assert "download yuhuili/EAGLE3-LLaMA3.1-Instruct-8B or set method.head=PATH" in line
 
 
 def test_bench_methods_says_it_before_any_model_loads(tmp_path, monkeypatch, capsys):

@@ -14,10 +14,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.records.answers import ABSENT, ANSWERS, LOCK, AnswerWriter, first_difference, folder_lock, read_answers
-from evaluation.running.config import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
-from evaluation.records.bench import load_bench
 from evaluation.merge import merge
+from evaluation.records.answers import ABSENT, ANSWERS, LOCK, AnswerWriter, first_difference, folder_lock, read_answers
+from evaluation.records.bench import load_bench
+from evaluation.running.config import RESULT_NEUTRAL, compose_config, config_mismatch, folder_name
 from evaluation.running.models import ModelSpec, load_model
 from methods.base import known_methods
 from methods.common import RESULTS, ROOT, HarnessError, load_torch_safe

@@ -63,11 +63,12 @@ def test_main_table_equals_hand_computed_numbers(runs, tmp_path):
     assert t.loc["vanilla", "mat"] == 1.0 and t.loc["vanilla", "speedup"] == pytest.approx(1.0)
     assert math.isnan(t.loc["vanilla", "speedup_std"])  # one run: no spread, and none is invented
     md = (tmp_path / "out" / "main_table.md").read_text()
-    # One question per task: every interval has width zero (the numbers cannot depend on which question was drawn)
-    assert ("| tiny-llama | tr | 3.00 ± 1.41× [3.00, 3.00] | 1.50 ± 0.71× [1.50, 1.50] | 5.00 ± 0.00 [5.00, 5.00] "
+    # One question per task: no interval to give, and the cell says so rather than show one of width zero
+    assert ("| tiny-llama | tr | 3.00 ± 1.41× (n=1) | 1.50 ± 0.71× (n=1) | 5.00 ± 0.00 [5.00, 5.00] "
             "| 5.00 ± 0.00 [5.00, 5.00] | 8.33 ± 2.36 | 1.67 ± 0.47× [1.67, 1.67] |") in md
     csv = (tmp_path / "out" / "main_table.csv").read_text().splitlines()
-    assert csv[0].startswith("model,method,baseline,repeats,qa,qa_std,qa_lo,qa_hi,rag,rag_std,rag_lo,rag_hi,mat")
+    assert csv[0].startswith("model,method,baseline,repeats,qa,qa_std,qa_lo,qa_hi,qa_n,rag,rag_std,rag_lo,rag_hi,rag_n,"
+                             "mat")
 
 
 def test_mat_in_both_conventions(tmp_path):
@@ -117,7 +118,7 @@ def test_latex_table_is_booktabs_and_marks_the_best(runs, tmp_path):
     for part in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{llrrrrrr}", r"tiny-llama"):
         assert part in tex
     rows = {line.split(" & ")[1]: line for line in tex.splitlines() if line.startswith("tiny-llama")}
-    assert r"\textbf{4.00$\times$ [4.00, 4.00]}" in rows["pld"]            # rag: pld 20 tok/s over 5 beats tr's 1.50
+    assert r"\textbf{4.00$\times$ (n=1)}" in rows["pld"]  # rag (one question): pld 20 tok/s over 5 beats tr's 1.50
     assert r"\textbf{3.00 $\pm$ 1.41$\times$ [3.00, 3.00]}" in rows["tr"]  # qa: tr beats pld's 1.33
     assert r"\textbf" not in rows["vanilla"]
 
@@ -353,3 +354,38 @@ def test_acceptance_per_depth_and_drafter_shares_equal_hand_computed_numbers(tmp
     assert "vanilla" not in md  # no drafts, no row
     assert "| tiny-llama | sam_tr | sam | 2 | 66.7% | 3.00 | 6.0 |" in (tmp_path / "out" / "drafters.md").read_text()
     assert len(result["drafters"]) == 2
+
+
+def test_a_reference_run_says_so_and_a_busy_row_is_marked(tmp_path):
+    """method.reference=true is named in its row even without a sibling to tell it from; a row whose timings the
+    note flags carries a mark (and ``disturbed`` in the CSV)."""
+    write_run(tmp_path / "vanilla", "vanilla", VANILLA)
+    write_run(tmp_path / "sam", "sam", TR_A, {"reference": True})
+    fast = [rec(1, "qa", 10, 0.1, [1, 4, 5]), rec(2, "rag", 20, 0.2, [1, 9, 10])]  # 20x at MAT 5: disturbed
+    write_run(tmp_path / "pld", "pld", fast, {"reference": False})
+    result = rp.report([str(tmp_path)], tmp_path / "out", figures=False)
+    t = result["table"].set_index("method")
+    assert "sam (reference=True)" in t.index and "pld" in t.index
+    assert bool(t.loc["pld", "disturbed"]) and not bool(t.loc["sam (reference=True)", "disturbed"])
+    md = (tmp_path / "out" / "main_table.md").read_text()
+    assert "| tiny-llama | pld † |" in md and "| tiny-llama | sam (reference=True) |" in md
+    assert "pld's speedup on overall" in md
+
+
+def test_a_run_argument_is_a_label_only_before_a_path_that_exists(tmp_path):
+    from evaluation.reporting.collect import labelled
+
+    folder = tmp_path / "bench.question_ids=[81,161],warmup=0"
+    folder.mkdir()
+    assert labelled(str(folder)) == (None, str(folder))
+    assert labelled(f"tr={folder}") == ("tr", str(folder))
+    missing = str(tmp_path / "runs" / "bench.question_ids=[81,161],warmup=0")
+    assert labelled(missing) == (None, missing)  # reported whole, not cut at its first '='
+    with pytest.raises(HarnessError, match=r"bench.question_ids=\[81,161\],warmup=0 does not exist"):
+        rp.report([missing], tmp_path / "out", figures=False)
+
+
+def test_explanations_under_the_depth_and_drafter_tables(tmp_path):
+    from evaluation.reporting.tables import DEPTH_NOTE, DRAFTER_NOTE
+
+    assert "d=k: rate (tries)" in DEPTH_NOTE and "sam_static, a chain from the corpus's automaton" in DRAFTER_NOTE

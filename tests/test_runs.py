@@ -58,7 +58,7 @@ def test_lists_every_run_with_its_settings_progress_status_and_numbers(tmp_path,
     with folder_lock(live):  # a live run holds its folder
         assert runs.main(["runs"]) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines()[0] == "| path | method | model | bench | settings | answered | status | MAT | tokens/s |"
+    assert out.splitlines()[0] == "| path | method | model | bench | settings | answered | status | MAT | tokens/s | busy |"
     assert out.splitlines()[2:] == [
         "| runs/broken | - | - | - | - | - | unreadable | - | - |",
         "| runs/tr-k4 | tr | smollm2-135m | spec_bench_smoke | method.k=4, bench.max_new_tokens=64 | 2/2 | finished "
@@ -107,21 +107,31 @@ def test_the_notebook_reads_what_make_run_leaves(monkeypatch):
 
 
 @pytest.mark.slow  # nbconvert and a Jupyter kernel, in processes of their own
-def test_the_notebook_readme_command_runs_on_a_tiny_result_set(tmp_path):
-    """notebooks/README.md's command, as written, in a copy of the project's layout (its .venv and notebooks/
-    linked) so that what it writes lands here."""
-    [command] = [line for line in (ROOT / "notebooks" / "README.md").read_text().splitlines()
-                 if line.startswith(".venv/bin/jupyter nbconvert")]
+def test_make_notebook_runs_on_a_tiny_result_set_beside_the_report_it_draws(tmp_path):
+    """make notebook's command, as written, in a copy of the project's layout (its .venv and notebooks/ linked) so
+    that what it writes lands here: the page beside the report's own files, its report.html not overwritten."""
+    recipe = (ROOT / "Makefile").read_text().split("\nnotebook:")[1].split("\n\n")[0]
+    command = recipe[recipe.index("$(VENV)/bin/jupyter"):].replace("\\\n", " ").replace("$(VENV)", ".venv")
     write_run(tmp_path / "runs" / "vanilla", ["method=vanilla"], VANILLA)
     write_run(tmp_path / "runs" / "tr", ["method=tr"], TR)
     work = tmp_path / "project"
     work.mkdir()
     for name in (".venv", "notebooks"):
         (work / name).symlink_to(ROOT / name)
-    env = {**os.environ, "REPORT_RUNS": str(tmp_path / "runs"), "REPORT_OUT": str(tmp_path / "report")}
+    out = work / "results" / "reports" / "notebook"
+    env = {**os.environ, "REPORT_RUNS": str(tmp_path / "runs"), "REPORT_OUT": str(out)}
     p = subprocess.run(shlex.split(command), cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    html = (work / "results" / "reports" / "notebook" / "report.html").read_text()
+    html = (out / "report_notebook.html").read_text()
     assert "<td>tr</td>" in html and "speedup_per_task.png" in html
     assert "data:image/png;base64" in html and "Traceback" not in html
-    assert (tmp_path / "report" / "speedup_per_task.pdf").is_file()
+    assert (out / "speedup_per_task.pdf").is_file() and "<h1>Report</h1>" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow  # make, in a process of its own
+def test_make_notebook_without_runs_says_what_to_run_first(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "REPORT_RUNS"}
+    p = subprocess.run(["make", "-s", "notebook", f"SMOKE={tmp_path / 'none'}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "error: no runs to draw: run make run first" in p.stdout, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr

@@ -11,8 +11,15 @@ from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
 from methods.proposers.sam import DYNAMIC, STATIC, Retrieval
-from methods.proposers.suffix import (SEPARATOR, FrozenAutomaton, SuffixAutomaton, corpus_automaton, load_corpus,
-                                      reference_layout, save_corpus)
+from methods.proposers.suffix import (
+    SEPARATOR,
+    FrozenAutomaton,
+    SuffixAutomaton,
+    corpus_automaton,
+    load_corpus,
+    reference_layout,
+    save_corpus,
+)
 from methods.tree import Tree, graft, load_template
 from tests.helpers import generate_greedy
 

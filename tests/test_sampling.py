@@ -3,8 +3,12 @@ every method token-identical to vanilla sampling on the tiny model, and the dist
 against the exact one and against transformers' generate(do_sample=True), with a check that has teeth."""
 import pytest
 import torch
-from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from methods.base import build_proposer, registry
 from methods.common import HarnessError

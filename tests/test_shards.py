@@ -5,9 +5,9 @@ import shutil
 import pytest
 import torch
 
+from evaluation.merge import merge
 from evaluation.records.answers import read_answers
 from evaluation.records.bench import shard
-from evaluation.merge import merge
 from methods.common import HarnessError
 from tests.helpers import cli
 from tests.test_cli import QIDS
@@ -104,6 +104,12 @@ def test_merge_cli_message(runs, tmp_path):
     _, _, shards = runs
     p = cli("evaluation.merge", str(shards[0]), "--out", str(tmp_path / "m"), check=False)
     assert p.returncode == 2 and "are missing" in p.stderr and "Traceback" not in p.stderr
+    # a folder holding the shards (whatever their names hold, [81,161] included): every one of them
+    holder = tmp_path / "holder"
+    for i, d in enumerate(shards):
+        shutil.copytree(d, holder / f"bench.question_ids=[81,161],runtime.shard={i}")
+    p = cli("evaluation.merge", str(holder), "--out", str(tmp_path / "m2"))
+    assert "merged 2 shards" in p.stdout and [r["question_id"] for r in read_answers(tmp_path / "m2")] == QIDS
 
 
 @pytest.mark.slow

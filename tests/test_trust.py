@@ -7,7 +7,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from evaluation import equal, report as rp, speed, sweep
+from evaluation import equal, speed, sweep
+from evaluation import report as rp
 from evaluation.records.metrics import intervals, load_stats
 from methods.common import HarnessError
 from tests.test_report import TR_A, VANILLA, rec, write_run
@@ -148,15 +149,15 @@ def test_a_busy_machine_is_named_and_a_quiet_one_is_not(tmp_path):
     from evaluation.reporting.collect import disturbance_note
 
     assert load_stats(quiet)["wait_share"] == pytest.approx(0.001 / 2.1)
-    assert disturbance_note({"vanilla": quiet}, [("tr", "qa", 1.5, 2.0)]) is None
+    assert disturbance_note({"vanilla": quiet}, [("tr", "qa", 1.5, 2.0)]) == (None, set())
     waited = _loaded([rec(1, "qa", 10, 1.0, [1] * 10), rec(2, "qa", 10, 1.0, [1] * 10)], [0.3, 0.3], 1.3)
     assert "vanilla waited for a CPU 0.30 s per second timed (other processes used 1.3 cores)" in \
-        disturbance_note({"vanilla": waited}, [])
+        disturbance_note({"vanilla": waited}, [])[0]
     slow_turn = _loaded([rec(1, "qa", 10, 1.0, [1] * 10), rec(2, "qa", 10, 1.0, [1] * 10),
                          rec(3, "qa", 10, 5.0, [1] * 10)], [0, 0, 0])
-    assert "vanilla's slowest turn took 5.0x its median time per step" in disturbance_note({"vanilla": slow_turn}, [])
-    note = disturbance_note({}, [("pld", "rag", 6.69, 1.40)])
-    assert note.startswith("WARNING: timings disturbed") and "pld's speedup on rag (6.69x) is above its MAT (1.40)" \
+    assert "vanilla's slowest turn took 5.0x its median time per step" in disturbance_note({"vanilla": slow_turn}, [])[0]
+    note, flagged = disturbance_note({}, [("pld", "rag", 6.69, 1.40)])
+    assert flagged == {"pld"} and note.startswith("WARNING: timings disturbed") and "pld's speedup on rag (6.69x) is above its MAT (1.40)" \
         in note and "The numbers stay" in note
 
 

@@ -128,6 +128,10 @@ def select(questions: list[Question], categories=None, question_ids=None, limit_
     """
     categories = _listed(categories, "bench.categories", str, "task or category names")
     question_ids = _listed(question_ids, "bench.question_ids", int, "question ids (integers)")
+    for key, value in (("bench.categories", categories), ("bench.question_ids", question_ids)):
+        if value == []:  # an empty list would select nothing, and falsy, everything: neither is what was meant
+            raise HarnessError(f"{key}=[] selects no question; leave {key} out (or =null) to take every question "
+                               f"of the bench, or list what to take")
     limit_per_category = _listed(limit_per_category, "bench.limit_per_category", int, "an integer", one=True)
     skip_per_category = _listed(skip_per_category, "bench.skip_per_category", int, "an integer", one=True) or 0
     if categories:

@@ -6,14 +6,40 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluation.records.metrics import RESAMPLES
-from evaluation.reporting.collect import (bench_line, check_machines, check_runs, collect, environment_line,
-                                          group_runs, table_disturbance, timing_note)
-from evaluation.reporting.figures import (plot_ablations, plot_accept_lengths, plot_depth_acceptance, plot_speedup,
-                                          plot_speedup_vs_batch, plot_start_policies, plot_temperatures)
+from evaluation.reporting.collect import (
+    bench_line,
+    check_machines,
+    check_runs,
+    collect,
+    environment_line,
+    group_runs,
+    table_disturbance,
+    timing_note,
+)
+from evaluation.reporting.figures import (
+    plot_ablations,
+    plot_accept_lengths,
+    plot_depth_acceptance,
+    plot_speedup,
+    plot_speedup_vs_batch,
+    plot_start_policies,
+    plot_temperatures,
+)
 from evaluation.reporting.html import write_html
-from evaluation.reporting.tables import (batch_markdown, batch_sizes, batch_table, crossovers, depth_markdown,
-                                         depth_stats, drafter_markdown, drafter_stats, main_table, task_stats,
-                                         to_latex, to_markdown)
+from evaluation.reporting.tables import (
+    batch_markdown,
+    batch_sizes,
+    batch_table,
+    crossovers,
+    depth_markdown,
+    depth_stats,
+    drafter_markdown,
+    drafter_stats,
+    main_table,
+    task_stats,
+    to_latex,
+    to_markdown,
+)
 from methods.common import write_json_atomic, write_text_atomic
 
 
@@ -53,7 +79,9 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
     env = environment_line(groups)
     caption = f"Speedup over vanilla greedy decoding per Spec-Bench task, mean accepted tokens (MAT) and " \
               f"tokens/s ({bench_line(groups)}; {env}). {INTERVALS}."
-    timing, busy = timing_note(groups), table_disturbance(groups, stats)
+    timing, (busy, disturbed) = timing_note(groups), table_disturbance(groups, stats)
+    if disturbed:  # the rows whose timings the note flags: marked in the tables, named in the CSV
+        table["disturbed"] = table["method"].isin(disturbed)
     notes = [n for n in (unfinished, timing, busy, batch_note(batch, figures and bool(crossovers(batch)))) if n]
     below = "".join(f"\n{n}\n" for n in [INTERVALS + "."] + notes)
     write_text_atomic(out / "main_table.md", to_markdown(table) + "\n" + below)

@@ -14,6 +14,7 @@ from evaluation.records.metrics import load_stats
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
+ALWAYS_SHOWN = ("reference",)  # settings a row names whenever they are on: method.reference=true is another method
 BATCH = "batch_size"  # the params key of a run's runtime.batch_size: rows and baselines are per batch size
 
 
@@ -74,6 +75,16 @@ class Group:
 
 
 # ---------------------------------------------------------------- finding and reading runs
+
+def labelled(arg: str) -> tuple[str | None, str]:
+    """(label, path) of a RUN argument: ``LABEL=PATH`` where PATH exists and ARG itself does not, else (None, ARG).
+    Run folders are named by their overrides (``bench.question_ids=[81,161],warmup=0``), so an ``=`` alone does not
+    make a label: a path that does not exist is reported whole, not cut at its first ``=``."""
+    label, _, path = arg.partition("=")
+    if "=" in arg and not Path(arg).exists() and Path(path).exists() and "/" not in label:
+        return label, path
+    return None, arg
+
 
 def _answer_files(path: Path) -> list[Path]:
     """The answer files a RUN names: itself, its run folder's, every run folder's below it, or else the .jsonl
@@ -167,7 +178,7 @@ def collect(paths: list[str]) -> list[Run]:
     """Every run under the given paths, each answer file once; ``LABEL=PATH`` names the runs found there."""
     runs, seen = [], set()
     for arg in paths:
-        label, _, path = arg.partition("=") if "=" in arg and not Path(arg).exists() else (None, "", arg)
+        label, path = labelled(arg)
         for file in _answer_files(Path(path)):
             if file.resolve() not in seen:
                 seen.add(file.resolve())
@@ -278,7 +289,8 @@ def _label_runs(runs: list[Run]) -> None:
             run.label = run.method
     for group in siblings.values():
         keys = sorted({k for r in group for k in r.params}, key=lambda k: (k == BATCH, k))  # the batch size last
-        differ = [k for k in keys if len({json.dumps(r.params.get(k), sort_keys=True) for r in group}) > 1]
+        differ = [k for k in keys if len({json.dumps(r.params.get(k), sort_keys=True) for r in group}) > 1
+                  or (k in ALWAYS_SHOWN and any(r.params.get(k) for r in group))]
         for r in group:
             shown = {k: str(r.params.get(k)) if k == "sampling" else f"{k}={r.params.get(k)}" for k in differ
                      if not (k == "sampling" and r.params.get(k) is None)}
@@ -405,37 +417,46 @@ def timing_note(groups: list[Group]) -> str | None:
 WAIT_SHARE, STEP_SPREAD, OVER_MAT = 0.2, 3.0, 1.1
 
 
-def disturbance_note(runs: dict[str, list[dict]], rows: list[tuple[str, str, float, float]]) -> str | None:
-    """None for quiet timings; else one line naming every sign of a busy machine: ``runs`` maps a run's label to
-    its records (``evaluation.records.metrics.load_stats``), ``rows`` are (label, task, speedup, MAT) of a table. The
-    numbers stay as they are: the line marks them."""
-    signs = []
+def disturbance_note(runs: dict[str, list[dict]], rows: list[tuple[str, str, float, float]]
+                     ) -> tuple[str | None, set[str]]:
+    """(None, {}) for quiet timings; else one line naming every sign of a busy machine, and the labels it flags:
+    ``runs`` maps a run's label to its records (``evaluation.records.metrics.load_stats``), ``rows`` are (label, task,
+    speedup, MAT) of a table. The numbers stay as they are: the line (and a table's mark on a row) says so."""
+    signs, flagged = [], set()
     for label, records in runs.items():
         load = load_stats(records)
         if load["wait_share"] is not None and load["wait_share"] > WAIT_SHARE:
             signs.append(f"{label} waited for a CPU {load['wait_share']:.2f} s per second timed (other processes "
                          f"used {load['others']:.1f} cores)")
+            flagged.add(label)
         if load["step_spread"] is not None and load["step_spread"] > STEP_SPREAD:
             signs.append(f"{label}'s slowest turn took {load['step_spread']:.1f}x its median time per step")
+            flagged.add(label)
     for label, task, speedup, mat in rows:
         if speedup == speedup and mat == mat and speedup > OVER_MAT * mat:
             signs.append(f"{label}'s speedup on {task} ({speedup:.2f}x) is above its MAT ({mat:.2f})")
+            flagged.add(label)
     if not signs:
-        return None
+        return None, flagged
     return (f"WARNING: timings disturbed by a busy machine: {'; '.join(signs)}. The numbers stay, marked; rerun "
             f"on a quiet machine (flagged: a run whose threads waited for a CPU over {WAIT_SHARE:g} s per second, a turn "
-            f"over {STEP_SPREAD:g}x its run's median time per step, a speedup over {OVER_MAT:g}x its MAT)")
+            f"over {STEP_SPREAD:g}x its run's median time per step, a speedup over {OVER_MAT:g}x its MAT)"), flagged
 
 
-def table_disturbance(groups: list[Group], stats) -> str | None:
-    """``disturbance_note`` for a report: every run of its rows and baselines, and every row's speedup per task."""
-    runs = {}
-    for run in {id(r): r for g in groups for r in g.baseline + g.runs}.values():
-        name = run.label or run.method
-        runs[f"{name} ({side(run).path})" if name in runs else name] = run.records
+def table_disturbance(groups: list[Group], stats) -> tuple[str | None, set[str]]:
+    """``disturbance_note`` for a report: every run of its rows and baselines, and every row's speedup per task; the
+    rows (labels) it flags, its baselines' flags passed on to the rows measured against them."""
+    runs, owner = {}, {}
+    for g in groups:
+        for run in g.baseline + g.runs:
+            name = run.label or run.method
+            key = f"{name} ({side(run).path})" if name in runs and runs[name] is not run.records else name
+            runs[key] = run.records
+            owner.setdefault(key, set()).add(g.label)
     rows = [(r["method"], r["task"], r["speedup"], r["mat"]) for _, r in stats.iterrows()
             if not r["baseline"] and "speedup" in r]
-    return disturbance_note(runs, rows)
+    note, flagged = disturbance_note(runs, rows)
+    return note, {label for key in flagged for label in owner.get(key, {key})}
 
 
 def bench_line(groups: list[Group]) -> str:

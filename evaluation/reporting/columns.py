@@ -27,9 +27,10 @@ class Column:
     interval: tuple[str, ...] = ()  # the tables that show its 95% interval over questions (<key>_lo, <key>_hi)
     tables: tuple[str, ...] = ()  # the tables it appears in: "main", "speed", "batch"
 
-    def cell(self, row, pm: str = " ± ") -> str:
+    def cell(self, row, pm: str = " ± ", n: int | None = None) -> str:
         """The number as the tables show it: its spread over repeats (a single run has none) and its 95% interval
-        over questions where the row has them, ``1.85 ± 0.03× [1.71, 2.01]``; a missing number shows as "-"."""
+        over ``n`` questions where the row has them, ``1.85 ± 0.03× [1.71, 2.01]``; a number of one question has no
+        interval to give, and says so (``1.17× (n=1)``); a missing number shows as "-"."""
         value = row.get(self.key)
         if missing(value):
             return "-"
@@ -38,6 +39,8 @@ class Column:
         if not missing(std):
             text = text.removesuffix(self.unit) + pm + self.show(std)
         lo, hi = row.get(self.key + "_lo"), row.get(self.key + "_hi")
+        if n == 1 and not missing(lo):
+            return text + " (n=1)"
         if not (missing(lo) or missing(hi)):
             text += f" [{format(self.scale * lo, self.fmt)}, {format(self.scale * hi, self.fmt)}]"
         return text

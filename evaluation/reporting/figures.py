@@ -13,8 +13,8 @@ import pandas as pd
 
 from evaluation.records.bench import TASKS
 from evaluation.records.metrics import OVERALL, accept_histogram
-from evaluation.reporting.columns import BY_KEY
 from evaluation.reporting.collect import Group, bench_line
+from evaluation.reporting.columns import BY_KEY
 from evaluation.reporting.tables import batch_sizes, crossovers
 from methods.common import atomic
 

@@ -22,10 +22,18 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.records.equality import compare
-from evaluation.running.explain import explain
 from evaluation.records.metrics import per_question
 from evaluation.reporting.collect import Group, Run, bench_line, environment_line, run_tokenizer
-from evaluation.reporting.tables import batch_rows, batch_sizes, depth_rows, drafter_rows, main_rows
+from evaluation.reporting.tables import (
+    DEPTH_NOTE,
+    DRAFTER_NOTE,
+    batch_rows,
+    batch_sizes,
+    depth_rows,
+    drafter_rows,
+    main_rows,
+)
+from evaluation.running.explain import explain
 from methods.common import HarnessError, write_text_atomic
 
 WINDOW = 4  # tokens decoded before each token: a character split over byte tokens is at most 4 bytes
@@ -46,8 +54,10 @@ def write_html(out: Path, table: pd.DataFrame, stats: pd.DataFrame, groups: list
             f"<figure><img alt='{escape(f.stem)}' src='data:image/png;base64,"
             f"{base64.b64encode(f.read_bytes()).decode()}'><figcaption>{escape(f.stem)}</figcaption></figure>"
             for f in files if f.suffix == ".png") + "</div>"),
-        ("Acceptance by depth", _text_table(*depth_rows(depths)) if len(depths) else ""),
-        ("Drafters", _text_table(*drafter_rows(drafters)) if len(drafters) else ""),
+        ("Acceptance by depth", _text_table(*depth_rows(depths)) + f"<p class=note>{escape(DEPTH_NOTE)}</p>"
+         if len(depths) else ""),
+        ("Drafters", _text_table(*drafter_rows(drafters)) + f"<p class=note>{escape(DRAFTER_NOTE)}</p>"
+         if len(drafters) else ""),
         ("Every number per task", "<details><summary>tasks.csv</summary>" + stats.to_html(
             index=False, border=0, na_rep="-", float_format=lambda x: f"{x:.2f}") + "</details>"),
         ("Token-identical to the baseline", identity),

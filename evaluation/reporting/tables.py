@@ -8,8 +8,15 @@ import math
 import pandas as pd
 
 from evaluation.records.bench import TASKS
-from evaluation.records.metrics import (OVERALL, batch_stats, crossover, depth_acceptance, drafter_table,
-                                        load_speedup, repeat_table)
+from evaluation.records.metrics import (
+    OVERALL,
+    batch_stats,
+    crossover,
+    depth_acceptance,
+    drafter_table,
+    load_speedup,
+    repeat_table,
+)
 from evaluation.reporting.collect import Group, spec_bench_tokens_of
 from evaluation.reporting.columns import Column, columns, task_column
 from evaluation.reporting.render import markdown_rows
@@ -47,6 +54,7 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
         for task in [x for x in TASKS if x in t.index] + sorted(set(t.index) - set(TASKS) - {OVERALL}):
             for suffix in ("", "_std", "_lo", "_hi"):
                 row[task + suffix] = t.loc[task, "speedup" + suffix]
+            row[task + "_n"] = int(t.loc[task, "questions"])
         o = t.loc[OVERALL]
         for c in columns("main"):
             for suffix in ("",) + (("_std",) if c.spread else ()) + (("_lo", "_hi") if "main" in c.interval else ()):
@@ -58,8 +66,8 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
 
 def main_columns(table: pd.DataFrame) -> list[Column]:
     """The main table's columns: a speedup per task it holds (``main_table``'s order), then ``columns("main")``."""
-    main = {c.key for c in columns("main")} | {"model", "method", "baseline", "repeats", "questions"}
-    tasks = [c for c in table.columns if c not in main and not c.endswith(("_std", "_lo", "_hi"))]
+    main = {c.key for c in columns("main")} | {"model", "method", "baseline", "repeats", "questions", "disturbed"}
+    tasks = [c for c in table.columns if c not in main and not c.endswith(("_std", "_lo", "_hi", "_n"))]
     return [task_column(t) for t in tasks] + columns("main")
 
 
@@ -90,8 +98,13 @@ def depth_rows(long: pd.DataFrame) -> Rows:
     return header, body
 
 
+DEPTH_NOTE = ("d=k: rate (tries): of the steps whose draft reached depth k and whose accepted path reached depth k - 1 "
+              "(tries), the share that accepted a draft at depth k: how often a depth-k draft is accepted given that "
+              "its parent was (evaluation.records.metrics); - where no step tried that depth.")
+
+
 def depth_markdown(long: pd.DataFrame) -> str:
-    return markdown_rows(*depth_rows(long))
+    return markdown_rows(*depth_rows(long)) + "\n\n" + DEPTH_NOTE
 
 
 def drafter_stats(groups: list[Group]) -> pd.DataFrame:
@@ -110,8 +123,14 @@ def drafter_rows(long: pd.DataFrame) -> Rows:
     return header, body
 
 
+DRAFTER_NOTE = ("Drafters of a hybrid's steps: sam, a chain from the automaton of the prompt and the answer so far; "
+                "sam_static, a chain from the corpus's automaton; tr, eagle2, the tree drafter; tr+sam (and the like), "
+                "chain and tree merged into one tree (method.merge=true); plain, no draft (a root-only step). Share: of "
+                "the steps; MAT: their mean accept length; Nodes: their mean draft size, the root included.")
+
+
 def drafter_markdown(long: pd.DataFrame) -> str:
-    return markdown_rows(*drafter_rows(long), lead=3)
+    return markdown_rows(*drafter_rows(long), lead=3) + "\n\n" + DRAFTER_NOTE
 
 
 def batched(groups: list[Group]) -> bool:
@@ -178,7 +197,8 @@ def main_rows(table: pd.DataFrame, pm: str = " ± ") -> Rows:
     """The main table as text, shared by its markdown, LaTeX and HTML forms so that all show the same numbers."""
     shown = main_columns(table)
     header = ["Model", "Method"] + [c.label for c in shown]
-    body = [[str(r["model"]), str(r["method"])] + [c.cell(r, pm) for c in shown] for _, r in table.iterrows()]
+    body = [[str(r["model"]), str(r["method"]) + (" †" if r.get("disturbed") is True else "")]
+            + [c.cell(r, pm, r.get(c.key + "_n", r["questions"])) for c in shown] for _, r in table.iterrows()]
     return header, body
 
 

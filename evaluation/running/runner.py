@@ -10,6 +10,7 @@ as soon as its last turn has finished; the side-by-side benchmarks hold several 
 """
 from __future__ import annotations
 
+import copy
 import sys
 import time
 import uuid
@@ -25,14 +26,29 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation.records.answers import ANSWERS, AnswerWriter, folder_lock
 from evaluation.records.bench import Question, load_bench, shard
 from evaluation.running import folder
-from evaluation.running.config import (ModelSpec, batch_size, config_mismatch, int_setting, method_params, model_spec,
-                               prefill_chunk, sampling_settings)
-from evaluation.running.models import claim_device, cpu_fallback, load_model, max_context, stop_token_ids
+from evaluation.running.config import (
+    ModelSpec,
+    batch_size,
+    config_mismatch,
+    int_setting,
+    method_params,
+    model_spec,
+    prefill_chunk,
+    sampling_settings,
+)
+from evaluation.running.models import (
+    checkpoint_path,
+    claim_device,
+    cpu_fallback,
+    load_model,
+    max_context,
+    stop_token_ids,
+)
 from evaluation.running.prompts import check_template, describe, prompt_ids
 from methods import machine
-from methods.base import Preparation, build_proposer, check_method
+from methods.base import Preparation, build_proposer, check_artefacts, check_method
 from methods.common import CACHE, HarnessError, load_torch_safe, save_torch_atomic, write_json_atomic
-from methods.decode import Generation, Request, decode_batch
+from methods.decode import Generation, Progress, Request, decode_batch
 from methods.engine import build_engine
 from methods.sampling import Sampler, Sampling
 
@@ -112,6 +128,9 @@ class Runner:
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
         check_method(self.method, params)  # what the settings alone refuse, before the weights load
+        if loaded is None:
+            checkpoint_path(self.spec)  # then a checkpoint that cannot be had,
+        check_artefacts(self.method, params)  # and a head or drafter that cannot: before any weight loads
         self.model, self.tok, self.device = loaded or load_model(self.spec)
         self.timer = nullcontext  # a methods.decode.PhaseTimer to split each step's time (benchmarks)
         self.engine = build_engine(self.model, OmegaConf.to_container(cfg.engine, resolve=True))
@@ -179,16 +198,27 @@ class Runner:
         self.answer_all([q], out.append, batch=1)
         return out[0]
 
-    def answer_all(self, questions: list[Question], done: Callable[[dict], None], batch: int | None = None) -> None:
+    def answer_all(self, questions: list[Question], done: Callable[[dict], None], batch: int | None = None, *,
+                   checkpoint: Callable[[dict], None] | None = None, resume: dict | None = None) -> None:
         """Answer ``questions`` in ``batch`` slots (default ``runtime.batch_size``), calling ``done(record)`` as each
         question's last turn finishes (in question order with one slot). A slot whose turn has finished takes the same
-        question's next turn (its prompt holds the answers before it), else the next question's first."""
+        question's next turn (its prompt holds the answers before it), else the next question's first.
+
+        ``checkpoint(snapshot)`` is called just before each ``done``, with what a resumed run needs to go on exactly
+        as this one will (``snapshot``): every slot's proposer state, and each question still in flight in another
+        slot, its turns so far and how far its current turn got. ``resume`` is such a snapshot from an earlier
+        process: its questions in flight go on in their slots (from where they were, ``methods.decode.Progress``,
+        where the method can: ``Proposer.resumes_mid_request``; else from their start, with the slot's state as it
+        was then), and the rest of ``questions`` follow in order."""
         self.engine.use_threads()  # its own thread count, whatever another runner in this process set
-        pending = iter(questions)
         slots = self.proposers[: batch or self.batch_size]
         state: dict[int, dict] = {}  # per slot: the question, its answers, generations and loads so far
+        rows: list = [None] * len(slots)  # decode_batch's rows: each slot's request in flight
+        mid = slots[0].resumes_mid_request
+        flight = self._restore(resume, slots, questions) if resume else {}
+        pending = iter([q for q in questions if q.question_id not in {f["q"].question_id for f in flight.values()}])
 
-        def turn_request(slot: int) -> Request:
+        def turn_request(slot: int, progress: Progress | None = None) -> Request:
             st = state[slot]
             q, i = st["q"], len(st["turns"])
             ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), st["answers"])
@@ -199,9 +229,27 @@ class Runner:
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
             st["load"] = machine.Load().__enter__()  # how busy the machine was while this turn was timed
-            return self._request(ids, min(self.max_new_tokens, room), i, q.question_id)
+            request = self._request(ids, min(self.max_new_tokens, room), i, q.question_id)
+            request.resume = progress
+            return request
+
+        def snapshot(finishing: int) -> dict:
+            out = {"slots": [p.state_dict() for p in slots], "flight": {}}
+            for slot, st in state.items():
+                if slot == finishing or rows[slot] is None:
+                    continue
+                entry = {"question": st["q"].question_id, "answers": list(st["answers"]),
+                         "turns": [asdict(g) for g in st["turns"]], "loads": [vars(x).copy() for x in st["loads"]]}
+                entry.update({"progress": asdict(rows[slot].progress())} if mid else {"start": st["start"]})
+                out["flight"][slot] = entry
+            return out
 
         def feed(slot: int, finished) -> Request | None:
+            if finished is None and slot in flight:  # a question an earlier process had in flight here
+                f = flight.pop(slot)
+                state[slot] = {"q": f["q"], "answers": f["answers"], "turns": f["turns"], "loads": f["loads"],
+                               "start": f.get("start")}
+                return turn_request(slot, f.get("progress"))
             if finished is not None:
                 st, gen = state[slot], finished[1]
                 st["load"].__exit__(None, None, None)
@@ -211,15 +259,40 @@ class Runner:
                 st["turns"].append(gen)
                 if len(st["turns"]) < len(st["q"].turns):
                     return turn_request(slot)
+                if checkpoint is not None:
+                    checkpoint(snapshot(slot))
                 done(self._record(st["q"], st["answers"], st["turns"], st["loads"], len(slots)))
             q = next(pending, None)
             if q is None:
                 return None
-            state[slot] = {"q": q, "answers": [], "turns": [], "loads": []}
+            # a method whose requests cannot go on part-way restarts one from here: the slot's state is kept
+            start = None if mid or checkpoint is None else copy.deepcopy(slots[slot].state_dict())
+            state[slot] = {"q": q, "answers": [], "turns": [], "loads": [], "start": start}
             return turn_request(slot)
 
         decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer,
-                     prefill_chunk=self.prefill_chunk)
+                     prefill_chunk=self.prefill_chunk, rows=rows)
+
+    @staticmethod
+    def _restore(resume: dict, slots: list, questions: list[Question]) -> dict[int, dict]:
+        """Every slot's proposer state as ``resume`` saved it, and its questions in flight (``answer_all``):
+        slot -> question, answers, generations and loads of its turns so far, and how far its current turn got
+        (``progress``: the slot's state goes with it) or the slot's state at the question's start (``start``)."""
+        by_id = {q.question_id: q for q in questions}
+        for p, saved in zip(slots, resume["slots"]):
+            p.load_state_dict(saved)
+        flight = {}
+        for slot, f in resume.get("flight", {}).items():
+            slot = int(slot)
+            out = {"q": by_id[f["question"]], "answers": f["answers"], "turns": [Generation(**g) for g in f["turns"]],
+                   "loads": [_load(x) for x in f["loads"]]}
+            if f.get("progress") is not None:
+                out["progress"] = Progress(**{**f["progress"], "state": resume["slots"][slot]})
+            else:
+                slots[slot].load_state_dict(f["start"])
+                out.update(answers=[], turns=[], loads=[], start=f["start"])
+            flight[slot] = out
+        return flight
 
     def _record(self, q: Question, answers: list[str], turns: list[Generation], loads: list[machine.Load],
                 batch: int) -> dict:
@@ -330,13 +403,25 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     return out
 
 
+def _load(saved: dict) -> machine.Load:
+    """A turn's ``machine.Load`` as a snapshot saved it."""
+    load = machine.Load()
+    for k in ("cpu_wait", "others", "load_avg"):
+        setattr(load, k, saved.get(k))
+    return load
+
+
 def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter, selection: list[Question],
                 todo: list[Question]) -> None:
     """Restore the method's state (a resumed run) or warm up, then answer ``todo`` one whole line at a time."""
     state_file = out / STATE
+    resume = None
     if writer.done and state_file.exists():
         saved = load_torch_safe(state_file, map_location=runner.device)
-        runner.proposer.load_state_dict(saved["state"])
+        if "snapshot" in saved:  # every slot's state and the questions in flight (Runner.answer_all)
+            resume = saved["snapshot"]
+        else:  # a run from before batched resumes: one proposer's state
+            runner.proposer.load_state_dict(saved["state"])
         if saved["answered"] != len(writer.done):
             print(f"note: the run was killed between saving the {runner.method} state and its answer; the "
                   f"resumed part's accept lengths may differ slightly from an unbroken run (its tokens cannot)")
@@ -354,18 +439,23 @@ def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter
     tokens = steps = 0
     with tqdm(total=len(todo), desc=f"{runner.method}/{runner.spec.name}", unit="q", disable=not cfg.runtime.progress,
               file=sys.stdout, dynamic_ncols=True) as bar:
+        def checkpoint(snapshot: dict) -> None:
+            """Saved before each answer, where the method keeps state: a resumed run goes on from this point as this
+            one does, its questions in flight too (``Runner.answer_all``)."""
+            if any(snapshot["slots"]):
+                save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "snapshot": snapshot})
+
         def done(rec: dict) -> None:
             nonlocal tokens, steps
-            state = runner.proposer.state_dict()
-            if state:  # saved before the answer: a resumed run continues from the state after its last answer
-                save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "state": state})
             writer.append(rec)
             c = rec["choices"][0]
             tokens += sum(c["new_tokens"])
             steps += len(c["accept_lengths"])
             bar.update()
             seconds = max(end for _, end in rec["clock"]["turns"])  # since the decoding started
-            bar.set_postfix(q=rec["question_id"], tok_s=f"{tokens / seconds:.1f}", mat=f"{tokens / steps:.2f}")
+            # batched: the finished answers' tokens over the time since decoding started (every row's), a throughput
+            rate = {"tok_s" if runner.batch_size == 1 else "tok_s_all_rows": f"{tokens / seconds:.1f}"}
+            bar.set_postfix(q=rec["question_id"], **rate, mat=f"{tokens / steps:.2f}")
 
         runner.clock0 = time.perf_counter()
-        runner.answer_all(todo, done)
+        runner.answer_all(todo, done, checkpoint=checkpoint, resume=resume)

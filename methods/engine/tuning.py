@@ -15,7 +15,6 @@ from methods.common import CACHE, write_json_atomic
 from methods.engine.ops import sync
 from methods.machine import machine_key, usable_cores
 
-
 TIMED_SIZES = (1, 4, 8, 32)  # tokens per forward timed by choose_pack and choose_threads: a plain step, a batch's
 #                               or a small draft, two drafts
 TIMED_CONTEXT = 128  # cached tokens while timing

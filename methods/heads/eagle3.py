@@ -12,8 +12,16 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from methods import hub
 from methods.common import HarnessError, folder_replaced, write_json_atomic
-from methods.heads.eagle import (BIN_FILE, CONFIG_FILE, ROPE_KEYS, SAFETENSORS_FILE, SHAPE_KEYS, head_config,
-                                 head_rope, read_weights)
+from methods.heads.eagle import (
+    BIN_FILE,
+    CONFIG_FILE,
+    ROPE_KEYS,
+    SAFETENSORS_FILE,
+    SHAPE_KEYS,
+    head_config,
+    head_rope,
+    read_weights,
+)
 from methods.heads.eagle_train import head_pass
 from methods.heads.fit import fit
 

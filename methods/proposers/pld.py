@@ -56,6 +56,7 @@ def lookup(context: torch.Tensor, max_ngram: int, num_pred: int, rule: str = "sp
 @register
 class PromptLookup(Proposer):
     name = "pld"
+    resumes_mid_request = True
 
     @dataclass
     class Params:  # Spec-Bench's settings

@@ -281,6 +281,11 @@ class _Retrieving(Proposer):
             cap = next(c for lo, c in reversed(self.budget["caps"]) if score >= lo)
         return min(cap, int(self.alpha * score)) if self.alpha else cap
 
+    @property
+    def resumes_mid_request(self) -> bool:
+        """Its automata catch up on the context (``Retrieval.sync``); its tree drafter says for itself."""
+        return self.drafter is None or self.drafter.resumes_mid_request
+
     def fork(self) -> "_Retrieving":
         """Its own dynamic automaton (the corpus's shared) and its own tree drafter's state."""
         other = super().fork()

@@ -91,6 +91,7 @@ def fit_tree(tree: Tree, k: int) -> Tree:
 @register
 class TokenRecycling(Proposer):
     name = "tr"
+    resumes_mid_request = True
 
     @dataclass
     class Params:

@@ -12,6 +12,7 @@ from methods.tree import Tree
 @register
 class Vanilla(Proposer):
     name = "vanilla"
+    resumes_mid_request = True
     drafts = False
 
     @dataclass
