@@ -167,6 +167,9 @@ class Proposer:
     # a resumed batched run of a method whose slots share state, Token Recycling's hot matrix, needs it). False: a
     # resumed run decodes such a request again from its start, with the slot's state as it was then.
     resumes_mid_request: ClassVar[bool] = False
+    # True: its drafts depend on the committed tokens alone (no logits, no hidden states), so that its acceptance over
+    # recorded answers can be simulated without the target (``python -m evaluation.simulate``)
+    token_only: ClassVar[bool] = False
 
     @classmethod
     def example(cls, folder: Path, prompts: list[list[int]]) -> dict:

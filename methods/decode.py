@@ -105,6 +105,9 @@ class Request:
     sampler: object = None  # a methods.sampling.Sampler of the request's question and turn, or None: greedy
     tag: object = None  # the caller's, handed back with the Generation
     resume: "Progress | None" = None  # a request decoded part-way in an earlier process: go on from there
+    force: tuple[int, list[int]] | None = None  # (after, tokens): the answer's tokens from index ``after`` on are
+    #   ``tokens``, one a step: each such step's root is the next of them in place of the target's own token, and it
+    #   commits only its bonus (SpecTTS-Bench's forced end of thinking); no step before accepts past ``after``
 
 
 @dataclass
@@ -167,6 +170,7 @@ class _Row:
         self.answered = False  # the answer is complete
         self.stopped = self.ending is None  # whether the proposer's reference has stopped
         self.first_token = None  # seconds from the start to the first new token
+        self.forced = list(request.force[1]) if request.force else []  # the forced tokens still to feed
         self.resumed = request.resume
         if self.resumed is not None:
             r = self.resumed
@@ -272,8 +276,24 @@ class _Row:
         context = self.ids[: self.n_prompt + len(self.new)]
         if self.answered:
             context = torch.cat([context, torch.tensor(self.tail, dtype=torch.long, device=self.engine.device)])
+        # A forced text (Request.force) replaces the tokens from index ``after`` on, one a step, whatever the method:
+        # a step before it accepts no draft past that index, so that the token there ends a step and roots the next.
+        pending = bool(self.forced) and not self.answered and len(self.forced) + len(self.new) <= self.max_new
+        forcing = pending and len(self.new) > self.request.force[0]
+        if forcing:  # the root is the next forced token in place of the target's (which is dropped)
+            token = self.forced.pop(0)
+            self.new[-1] = token
+            self.ids[self.n_prompt + len(self.new) - 1] = token
         with self.timer("propose"):
             draft = self.proposer.propose(context)
+        if pending:  # the proposer drafts as ever; forcing: only the root is accepted (the step commits its bonus)
+            reach = 0 if forcing else self.request.force[0] - len(self.new)
+            if forcing or reach < draft.tree.max_depth:
+                keep = draft.tree.depth <= reach
+                draft.acceptable = keep if draft.acceptable is None else draft.acceptable & keep
+                draft.q, draft.depth = None, min(draft.acceptable_depth, reach)
+            if forcing:
+                draft.info = {**(draft.info or {}), "forced": True}
         return Check(draft, self.slot, self.sampler, len(self.new) + len(self.tail))
 
     def settle(self, draft, result, rows: int, slots: int) -> None:

@@ -134,7 +134,8 @@ def overall(table: pd.DataFrame) -> pd.DataFrame:
     t = table[table["task"] == "overall"]
     out = t[[c for c in ("method", "sampling", "questions", "MAT", "tokens/s", "speedup") if c in t]].copy()
     if "speedup 95% low" in t:
-        out["95% interval"] = [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(t["speedup 95% low"], t["speedup 95% high"])]
+        out["95% interval"] = [f"[{lo:.2f}, {hi:.2f}]" if lo != hi else "n=1 per task"
+                               for lo, hi in zip(t["speedup 95% low"], t["speedup 95% high"])]
     return out
 
 

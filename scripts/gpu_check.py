@@ -8,7 +8,7 @@ before it starts, goes on past a failing step, and writes its log and one CSV pe
 
 1. ``kernels``: the copy bandwidth (the floor of a step: the weights read once, ``floor_ms``) and which attention
    kernel runs a tree step in fp16 (GQA passed as ``enable_gqa``, expanded, or folded as the static engine does).
-2. ``cost`` (``cost.csv``): ms per verification step of N = 1, 8, 32, 81, 128 tokens after 512, 4k and 16k cached
+2. ``cost`` (``cost.csv``): ms per verification step of N = 1, 8, 32, 81, 128 tokens after 512, 1k, 4k and 16k cached
    ones on random Vicuna-7B (fp16) and Llama-3.1-8B (bf16) models, on the static engine eager and with CUDA
    graphs (``engine.compile``) and on the hf engine; each against the floor, the issue's goals checked (vanilla's
    step within 1.5x the floor, the paper tree's 81 tokens within 1.3x vanilla's step, 16k within 1.3x of 512),
@@ -561,7 +561,7 @@ def plan(cpu: bool, mat: float) -> list[tuple]:
         decoding = ("vicuna-7b", 16, 401)
     else:
         shapes, sizes, contexts, repeats = [("vicuna-7b", fp16), ("llama-3.1-8b-instruct", torch.bfloat16)], \
-            [1, 8, 32, PAPER_NODES, 128], [512, 4096, 16384], 10
+            [1, 8, 32, PAPER_NODES, 128], [512, 1024, 4096, 16384], 8
         batch = ("vicuna-7b", [1, 4, 16, 64], [1, 8, 32, PAPER_NODES], 512, 10, mat)
         checks = [("llama-3-8b-instruct", fp32, ["static-graphs", "static", "hf"], 2),
                   ("gemma3-270m", fp32, ["static-graphs"], 2), ("llama-3-8b-instruct", fp16, ["static-graphs"], 1),

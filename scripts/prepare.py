@@ -1,8 +1,8 @@
-"""Prepare what runs need offline: the embedded models (each converted once) and the Spec-Bench questions.
+"""Prepare what runs need offline: the embedded models (each converted once) and the question files.
 
     python -m scripts.prepare
 """
-from evaluation.records.bench import fetch_spec_bench
+from evaluation.records.bench import QUESTION_FILES, fetch
 from evaluation.running.models import EMBEDDED, prepare_embedded
 from methods.common import exit_on_error
 
@@ -11,7 +11,8 @@ from methods.common import exit_on_error
 def main() -> None:
     for name in EMBEDDED:
         print(f"embedded model {name}: {prepare_embedded(name)}")
-    print(f"spec-bench questions: {fetch_spec_bench()}")
+    for name in QUESTION_FILES:
+        print(f"{name} questions: {fetch(name)}")
 
 
 if __name__ == "__main__":

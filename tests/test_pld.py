@@ -4,7 +4,7 @@ import torch
 
 from methods.base import build_proposer
 from methods.common import HarnessError
-from methods.proposers.pld import lookup
+from methods.proposers.pld import PromptLookup, lookup
 
 CPU = torch.device("cpu")
 t = torch.tensor
@@ -82,3 +82,19 @@ def test_draft_is_a_chain_rooted_at_the_last_token():
 def test_bad_parameters(params, message):
     with pytest.raises(HarnessError, match=message):
         build_proposer("pld", params, vocab_size=100, device=CPU)
+
+
+@pytest.mark.parametrize("rule", ["spec_bench", "transformers"])
+def test_the_index_drafts_what_the_search_of_the_whole_sequence_drafts(rule):
+    """Step by step over random sequences of few symbols (many repeats), the proposer (its n-gram index, a lookup
+    that costs the same at any length) drafts exactly ``lookup``'s tokens (a search of the whole sequence)."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        seq = torch.randint(0, 4 + trial % 5, (120,), generator=gen)
+        p = PromptLookup(3, 5, rule)
+        for end in range(1, len(seq) + 1):
+            draft = p.propose(seq[:end])
+            assert draft.tokens[1:].tolist() == lookup(seq[:end], 3, 5, rule).tolist(), (trial, end)
+            if len(draft.tokens) > 1:  # how far back the copy comes from
+                assert seq[end - draft.info["reach"]: end - draft.info["reach"] + len(draft.tokens) - 1].tolist() \
+                    == draft.tokens[1:].tolist()

@@ -35,9 +35,11 @@ LAYERS = {
     # what a run leaves behind (below both sides), what runs, what reads runs back, and the commands on top
     "evaluation": [
         {"records", "records.answers", "records.bench", "records.equality"},
+        {"records.grading"},
         {"records.consistency", "records.metrics"},
         {"running", "running.config"},
         {"running.models", "running.prompts", "running.own_prompts", "running.folder"},
+        {"running.paradigms"},
         {"running.explain", "running.runner"},
         {"running.side_by_side"},
         {"reporting", "reporting.render", "reporting.collect", "reporting.columns"},

@@ -1,4 +1,10 @@
-"""Spec-Bench questions: find the file, check it, read it, select a sample."""
+"""The benchmarks' questions: find the pinned file, check it, read it, select a sample.
+
+Two question files, each copied from ``../shared`` when present or downloaded from its pinned commit, sha256 checked,
+never committed (``QUESTION_FILES``, ``bench.file``): Spec-Bench's (Xia et al., ACL 2024 Findings: six tasks, the
+eight MT-Bench categories reported together as ``mt_bench``) and SpecTTS-Bench's (arXiv 2509.04474: reasoning
+questions of AIME 2024, AIME 2025, MATH-500 and GPQA, each with its ``solution``, each category its own task).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -10,16 +16,38 @@ from pathlib import Path
 
 from methods.common import CACHE, SHARED, HarnessError, atomic, read_jsonl
 
-SPEC_BENCH_URL = (
-    "https://raw.githubusercontent.com/hemingkx/Spec-Bench/"
-    "fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl")
-SPEC_BENCH_SHA256 = "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"
-CACHED = CACHE / "spec_bench" / "question.jsonl"
-SHARED_COPY = SHARED / "spec_bench" / "question.jsonl"
+
+@dataclass(frozen=True)
+class QuestionFile:
+    name: str  # bench.file
+    url: str  # its pinned commit's raw file
+    sha256: str
+    file: str  # its name under data/cache/<name>/ and ../shared/<name>/
+
+    @property
+    def cached(self) -> Path:
+        return CACHE / self.name / self.file
+
+    @property
+    def shared(self) -> Path:
+        return SHARED / self.name / self.file
+
+
+QUESTION_FILES = {f.name: f for f in (
+    QuestionFile("spec_bench", "https://raw.githubusercontent.com/hemingkx/Spec-Bench/"
+                 "fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl",
+                 "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04", "question.jsonl"),
+    QuestionFile("spec_tts", "https://raw.githubusercontent.com/sunshy-1/SpecTTS-Bench/"
+                 "6b33e4a780740b91249162a8f11202819bd7c852/code/data/SpecTTS_Bench/question_cot.jsonl",
+                 "5e1b69271d7f429668a29147b7eb5e83a42e4bd11ab5a96065792ec04fff9700", "question_cot.jsonl"),
+)}
+SPEC_BENCH_URL, SPEC_BENCH_SHA256 = QUESTION_FILES["spec_bench"].url, QUESTION_FILES["spec_bench"].sha256
+CACHED, SHARED_COPY = QUESTION_FILES["spec_bench"].cached, QUESTION_FILES["spec_bench"].shared
 
 # Spec-Bench reports the 8 MT-Bench categories together as one task.
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag",  # Spec-Bench's, in its order
+         "aime24", "aime25", "math500", "gpqa")  # SpecTTS-Bench's
 
 
 def task_of(category: str) -> str:
@@ -31,6 +59,8 @@ class Question:
     question_id: int
     category: str
     turns: tuple[str, ...]
+    solution: str | None = None  # SpecTTS-Bench's reference answer (a boxed one, or a bare integer for AIME 2025)
+    answer: str | None = None  # MATH-500's final answer, where the file gives it apart from the solution
 
     @property
     def task(self) -> str:
@@ -41,31 +71,39 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def fetch_spec_bench() -> Path:
-    """The pinned question file in the project cache: copied from ../shared when present, else downloaded."""
-    if CACHED.exists():
-        return CACHED
-    with atomic(CACHED) as tmp:
-        if SHARED_COPY.exists():
-            shutil.copyfile(SHARED_COPY, tmp)
+def fetch(name: str = "spec_bench") -> Path:
+    """The pinned question file ``name`` (``QUESTION_FILES``) in the project cache: copied from ../shared when
+    present, else downloaded; its sha256 checked."""
+    if name not in QUESTION_FILES:
+        raise HarnessError(f"unknown bench.file '{name}'; known: {', '.join(QUESTION_FILES)}")
+    f = QUESTION_FILES[name]
+    if f.cached.exists():
+        return f.cached
+    with atomic(f.cached) as tmp:
+        if f.shared.exists():
+            shutil.copyfile(f.shared, tmp)
         else:
             try:
-                with urllib.request.urlopen(SPEC_BENCH_URL, timeout=60) as r:
+                with urllib.request.urlopen(f.url, timeout=60) as r:
                     tmp.write_bytes(r.read())
             except OSError as e:
                 raise HarnessError(
-                    f"Spec-Bench questions are not cached and the download failed ({e}); put question.jsonl "
-                    f"at {CACHED} (its address: {SPEC_BENCH_URL}) or pass bench.path=FILE") from None
-        if sha256(tmp) != SPEC_BENCH_SHA256:
-            raise HarnessError(
-                f"the Spec-Bench file fetched for {CACHED} has the wrong sha256; expected {SPEC_BENCH_SHA256}")
-    return CACHED
+                    f"the {name} questions are not cached and the download failed ({e}); put {f.file} at "
+                    f"{f.cached} (its address: {f.url}) or pass bench.path=FILE") from None
+        if sha256(tmp) != f.sha256:
+            raise HarnessError(f"the {name} file fetched for {f.cached} has the wrong sha256; expected {f.sha256}")
+    return f.cached
+
+
+def fetch_spec_bench() -> Path:
+    return fetch("spec_bench")
 
 
 def read_questions(path: Path) -> list[Question]:
     """Parse a question file; a malformed line is reported with its file and line number."""
     if not path.is_file():
-        raise HarnessError(f"question file {path} does not exist; pass bench.path=FILE or drop it to use Spec-Bench")
+        raise HarnessError(f"question file {path} does not exist; pass bench.path=FILE, or drop it to use the bench's "
+                           f"own (bench.file)")
     questions, seen = [], set()
     for where, obj in read_jsonl(path, "one question object a line"):
         if not isinstance(obj, dict):
@@ -84,7 +122,9 @@ def read_questions(path: Path) -> list[Question]:
         if qid in seen:
             raise HarnessError(f"{where}: question_id {qid} appears twice")
         seen.add(qid)
-        questions.append(Question(qid, cat, tuple(turns)))
+        solution, answer = obj.get("solution"), obj.get("answer")
+        questions.append(Question(qid, cat, tuple(turns), solution if isinstance(solution, str) else None,
+                                  answer if isinstance(answer, str) else None))
     if not questions:
         raise HarnessError(f"question file {path} holds no questions")
     return questions
@@ -175,5 +215,6 @@ def shard(questions: list[Question], index: int, count: int) -> list[Question]:
     return questions[start: start + size + (index < extra)]
 
 
-def load_bench(path: str | None, **selection) -> list[Question]:
-    return select(read_questions(Path(path).expanduser() if path else fetch_spec_bench()), **selection)
+def load_bench(path: str | None, file: str = "spec_bench", **selection) -> list[Question]:
+    """The questions of ``path`` (a question file), else of the pinned file ``file``, that ``selection`` picks."""
+    return select(read_questions(Path(path).expanduser() if path else fetch(file)), **selection)

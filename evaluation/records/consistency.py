@@ -4,7 +4,7 @@ finished and made under the same settings, or the command refuses in one line na
 A speedup, a MAT beside another or a token-by-token comparison means something only when both sides asked the
 model the same questions under the same settings; a difference there is a settings difference, not a result.
 The settings (``SETTINGS``): the model (name and checkpoint), the questions answered, ``bench.max_new_tokens``, the
-sampling settings and ``runtime.batch_size`` (a speedup under load is against vanilla at the same batch size). An unfinished run (its summary's status is not ``finished``) is refused unless the command's
+sampling settings, the paradigm (``bench.rounds``, ``num_choices``, ...) and ``runtime.batch_size`` (a speedup under load is against vanilla at the same batch size). An unfinished run (its summary's status is not ``finished``) is refused unless the command's
 ``--allow-unfinished`` is given (a summary whose status is ``running`` or ``interrupted``); then the runs are compared on the questions all of them answered, and the command
 says so (``Check.note``) beside its table. Spec-Bench's own answer files record no settings: only their questions
 are checked.
@@ -18,8 +18,18 @@ from pathlib import Path
 from methods.common import HarnessError
 from methods.sampling import Sampling
 
-SETTINGS = ("model", "questions", "max_new_tokens", "sampling", "batch_size")
+SETTINGS = ("model", "questions", "max_new_tokens", "sampling", "paradigm", "batch_size")
 ALLOW = "--allow-unfinished"
+
+
+def paradigm_label(bench: dict | None) -> str | None:
+    """``rounds=2``, ``N=4``, ``N=4 (reference loop)``, ``forced end of thinking`` (together where several) for a
+    run of another paradigm than a single pass (``evaluation.running.paradigms``); None for a single pass."""
+    b = bench or {}
+    parts = ([f"rounds={b['rounds']}"] if b.get("rounds", 1) > 1 else []) + \
+        ([f"N={b['num_choices']}" + (" (reference loop)" if b.get("bon_reference") else "")]
+         if b.get("num_choices", 1) > 1 else []) + (["forced end of thinking"] if b.get("force_end_of_thinking") else [])
+    return ", ".join(parts) or None
 
 
 def sampling_label(sampling: dict | None) -> str | None:
@@ -60,6 +70,8 @@ class Side:
             return config.get("bench", {}).get("max_new_tokens")
         if key == "batch_size":
             return (config.get("runtime") or {}).get("batch_size", 1)
+        if key == "paradigm":
+            return paradigm_label(config.get("bench")) or "single pass"
         return sampling_label(config.get("sampling")) or "greedy"
 
 

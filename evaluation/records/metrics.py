@@ -374,3 +374,128 @@ def drafter_table(records: list[dict]) -> pd.DataFrame:
     rows = [{"drafter": d, "steps": n, "share": n / total, "mat": tokens[d] / n, "nodes": nodes[d] / n}
             for d, n in steps.most_common()]
     return pd.DataFrame(rows, columns=["drafter", "steps", "share", "mat", "nodes"]).set_index("drafter")
+
+
+# ---------------------------------------------------------------- long outputs (reasoning workloads)
+
+LONG_RANGE = 256  # a draft copied from this many tokens back or more (or from a corpus) came from long-range memory
+POSITIONS = 8  # the draft positions whose acceptance rate the reasoning table shows (the CSV: every one)
+
+
+def turn_steps(record: dict) -> list[dict]:
+    """Per turn of ``record`` (the runner's, with per-step records): its steps' ``accepts``, draft ``nodes``,
+    commit ``times`` (seconds from the turn's start; None for records without), ``info``, their start ``positions``
+    in the answer, its ``tokens``, its end of thinking (``thinking_end``: the token index, or None), whether its
+    conversation's round is the last (``final``), its grade (``correct``) and ``repetition``."""
+    c = record["choices"][0]
+    n = len(c["accept_lengths"])
+    nodes, info = c.get("draft_nodes", [0] * n), c.get("step_info") or [None] * n
+    times, ends = c.get("step_times"), c.get("thinking_end") or [None] * len(c["decoding_steps"])
+    rounds = (record.get("paradigm") or {}).get("round")
+    last = max(rounds) if rounds else None
+    out, at = [], 0
+    for t, k in enumerate(c["decoding_steps"]):
+        accepts = c["accept_lengths"][at:at + k]
+        out.append({"accepts": accepts, "nodes": nodes[at:at + k], "info": info[at:at + k],
+                    "times": times[at:at + k] if times else None,
+                    "positions": list(np.cumsum([0] + accepts[:-1])), "tokens": c["token_ids"][t],
+                    "thinking_end": ends[t], "final": rounds is None or rounds[t] == last,
+                    "correct": (c.get("correct") or [None] * len(c["decoding_steps"]))[t],
+                    "repetition": (c.get("repetition") or [None] * len(c["decoding_steps"]))[t]})
+        at += k
+    return out
+
+
+def position_table(records: list[dict], bucket: int) -> pd.DataFrame:
+    """Per bucket of ``bucket`` output positions (a step counts where its first token is): ``tokens``, ``steps``
+    and ``seconds`` (the steps' own time, from the commit before them; a turn's first step from its start, the
+    prefill included), ``mat`` = tokens / steps and ``tok_per_s`` = tokens / seconds."""
+    rows = []
+    for r in records:
+        for turn in turn_steps(r):
+            times = turn["times"]
+            for i, (a, p) in enumerate(zip(turn["accepts"], turn["positions"])):
+                dt = (times[i] - (times[i - 1] if i else 0.0)) if times else math.nan
+                rows.append((int(p) // bucket * bucket, a, dt))
+    df = pd.DataFrame(rows, columns=["position", "tokens", "seconds"])
+    g = df.groupby("position")
+    out = pd.DataFrame({"tokens": g["tokens"].sum(), "steps": g["tokens"].size(), "seconds": g["seconds"].sum()})
+    out["mat"] = out["tokens"] / out["steps"]
+    out["tok_per_s"] = out["tokens"] / out["seconds"]
+    return out
+
+
+def _looping(record: dict) -> bool:
+    from evaluation.records.grading import loops
+
+    return any(t["repetition"] and loops(t["repetition"]) for t in turn_steps(record))
+
+
+def long_stats(records: list[dict], baseline: list[dict] | None = None) -> dict:
+    """The reasoning table's numbers of a run (each over every turn; ``baseline``: the vanilla run of its settings):
+
+    * ``mat``, ``mat_thinking``, ``mat_answer``: MAT over every step, over the steps inside a reasoning model's
+      thinking (before its end-of-thinking token) and after it (NaN where no answer closed its thinking);
+    * ``accept_rate_k`` for draft positions k = 1.. (vLLM's definition, ``vllm/v1/spec_decode/metrics.py``: the
+      steps whose draft's k-th token was accepted over the drafting steps) and ``mean_acceptance_length`` (1 +
+      accepted drafts / drafting steps); drafting steps: those that verified a draft (more than the root), a forced
+      step of the end of thinking not among them;
+    * ``long_range``: the share of drafting steps whose draft came from long-range memory (the proposer says so in its
+      step info: ``reach`` at least ``LONG_RANGE`` tokens back, or a corpus; NaN for a proposer that does not say);
+    * ``itl_p50/p95/p99`` (seconds between a token and the one before it in a turn: a step's tokens arrive together)
+      and ``tpot`` (a turn's time after its first token per further token, averaged over turns);
+    * ``looping`` (questions with an answer whose distinct 4-grams are below ``grading.LOOP_DISTINCT``), ``mat_clean``
+      and, with a baseline, ``speedup`` and ``speedup_clean`` (tokens/s over the baseline's, on common questions,
+      with and without the looping ones);
+    * ``accuracy`` (the final round's answers graded right, ``grading.grade``) and ``pass_at_n`` (questions one of
+      whose conversations' final answers is right); NaN where nothing was graded."""
+    turns = [t for r in records for t in turn_steps(r)]
+    steps = [(a, n, i, p, t["thinking_end"]) for t in turns
+             for a, n, i, p in zip(t["accepts"], t["nodes"], t["info"], t["positions"])]
+    out = {"answers": len(turns)}
+    out["mat"] = sum(a for a, *_ in steps) / len(steps)
+    inside = [a for a, _, _, p, e in steps if e is not None and p < e]
+    after = [a for a, _, _, p, e in steps if e is not None and p >= e]
+    out["mat_thinking"] = sum(inside) / len(inside) if inside else math.nan
+    out["mat_answer"] = sum(after) / len(after) if after else math.nan
+    drafting = [(a, i) for a, n, i, *_ in steps if n > 1 and not (i or {}).get("forced")]
+    accepted = Counter()
+    for a, _ in drafting:
+        for k in range(1, a):
+            accepted[k] += 1
+    for k in range(1, max([POSITIONS, *accepted]) + 1):
+        out[f"accept_rate_{k}"] = accepted[k] / len(drafting) if drafting else math.nan
+    out["mean_acceptance_length"] = 1 + sum(a - 1 for a, _ in drafting) / len(drafting) if drafting else math.nan
+    said = [i for _, i in drafting if i and ("reach" in i or "drafter" in i)]
+    far = [i for i in said if (i.get("reach") or 0) >= LONG_RANGE or i.get("drafter") == "sam_static"]
+    out["long_range"] = len(far) / len(drafting) if said else math.nan
+    gaps, per_token = [], []
+    for t in turns:
+        if not t["times"]:
+            continue
+        prev = None
+        for time, a in zip(t["times"], t["accepts"]):
+            if prev is not None:
+                gaps += [time - prev] + [0.0] * (a - 1)
+            prev = time
+        if len(t["tokens"]) > 1:
+            per_token.append((t["times"][-1] - t["times"][0]) / (len(t["tokens"]) - 1))
+    for q in (50, 95, 99):
+        out[f"itl_p{q}"] = float(np.percentile(gaps, q)) if gaps else math.nan
+    out["tpot"] = float(np.mean(per_token)) if per_token else math.nan
+    loops = {r["question_id"] for r in records if _looping(r)}
+    out["looping"] = len(loops)
+    clean = [r for r in records if r["question_id"] not in loops]
+    out["mat_clean"] = (sum(a for r in clean for t in turn_steps(r) for a in t["accepts"])
+                        / max(1, sum(len(t["accepts"]) for r in clean for t in turn_steps(r)))) if clean else math.nan
+    if baseline is not None:
+        for key, keep in (("speedup", None), ("speedup_clean", loops)):
+            mine = [r for r in records if keep is None or r["question_id"] not in keep]
+            t = task_table(mine, baseline, ci=False) if mine else None
+            out[key] = t.loc[OVERALL, "speedup"] if t is not None else math.nan
+    graded = [t["correct"] for t in turns if t["final"] and t["correct"] is not None]
+    out["accuracy"] = sum(graded) / len(graded) if graded else math.nan
+    by_q = [[t["correct"] for t in turn_steps(r) if t["final"] and t["correct"] is not None] for r in records]
+    by_q = [g for g in by_q if g]
+    out["pass_at_n"] = sum(any(g) for g in by_q) / len(by_q) if by_q else math.nan
+    return out

@@ -19,6 +19,7 @@ from evaluation.reporting.collect import (
 from evaluation.reporting.figures import (
     plot_ablations,
     plot_accept_lengths,
+    plot_by_position,
     plot_depth_acceptance,
     plot_speedup,
     plot_speedup_vs_batch,
@@ -36,6 +37,11 @@ from evaluation.reporting.tables import (
     drafter_markdown,
     drafter_stats,
     main_table,
+    position_bucket,
+    position_long,
+    reasoning,
+    reasoning_markdown,
+    reasoning_table,
     task_stats,
     to_latex,
     to_markdown,
@@ -103,6 +109,15 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
         write_text_atomic(out / "drafters.md", drafter_markdown(drafters) + "\n")
         write_text_atomic(out / "drafters.csv", drafters.to_csv(index=False))
         files += [out / "drafters.md", out / "drafters.csv"]
+    if reasoning(groups):  # reasoning workloads: a table per paradigm, and the numbers by output position
+        bucket = position_bucket(groups)
+        thinking, by_position = reasoning_table(groups), position_long(groups, bucket)
+        write_text_atomic(out / "reasoning.md", reasoning_markdown(thinking) + "\n")
+        write_text_atomic(out / "reasoning.csv", thinking.to_csv(index=False))
+        write_text_atomic(out / "by_position.csv", by_position.to_csv(index=False))
+        files += [out / "reasoning.md", out / "reasoning.csv", out / "by_position.csv"]
+        if figures:
+            files += plot_by_position(by_position, out, env, bench_line(groups), bucket)
     for size in batch_sizes(batch):
         write_text_atomic(out / f"batch_size_{size}.md", batch_markdown(batch, size) + "\n")
         write_text_atomic(out / f"batch_size_{size}.csv", batch[batch["batch_size"] == size].to_csv(index=False))

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.records.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
-from evaluation.records.consistency import Side, check, sampling_label
+from evaluation.records.consistency import Side, check, paradigm_label, sampling_label
 from evaluation.records.metrics import load_stats
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
-ALWAYS_SHOWN = ("reference",)  # settings a row names whenever they are on: method.reference=true is another method
+ALWAYS_SHOWN = ("reference", "paradigm")  # settings a row names whenever they are on: method.reference=true is another method
 BATCH = "batch_size"  # the params key of a run's runtime.batch_size: rows and baselines are per batch size
 
 
@@ -113,6 +113,9 @@ def load_run(file: Path, label: str | None = None) -> Run:
         sampling = sampling_label(summary.get("config", {}).get("sampling"))
         if sampling:
             params["sampling"] = sampling
+        paradigm = paradigm_label(summary.get("config", {}).get("bench"))
+        if paradigm:
+            params["paradigm"] = paradigm
         params[BATCH] = Side(file.parent, summary, records).setting(BATCH)
         return Run(file, records, summary, summary["model"], label or summary["method"], params)
     models = sorted({str(r.get("model_id")) for r in records})
@@ -292,8 +295,8 @@ def _label_runs(runs: list[Run]) -> None:
         differ = [k for k in keys if len({json.dumps(r.params.get(k), sort_keys=True) for r in group}) > 1
                   or (k in ALWAYS_SHOWN and any(r.params.get(k) for r in group))]
         for r in group:
-            shown = {k: str(r.params.get(k)) if k == "sampling" else f"{k}={r.params.get(k)}" for k in differ
-                     if not (k == "sampling" and r.params.get(k) is None)}
+            shown = {k: str(r.params.get(k)) if k in ("sampling", "paradigm") else f"{k}={r.params.get(k)}"
+                     for k in differ if not (k in ("sampling", "paradigm") and r.params.get(k) is None)}
             r.label = r.method + (" (" + ", ".join(shown.values()) + ")" if shown else "")
             shown.pop(BATCH, None)
             r.series = r.method + (" (" + ", ".join(shown.values()) + ")" if shown else "")
@@ -330,12 +333,12 @@ def _give_named_baseline(groups: list[Group], baseline: list[Run]) -> None:
 
 def _give_vanilla_baselines(groups: list[Group], runs: list[Run]) -> None:
     """Without ``--baseline`` a row's baseline is the vanilla runs of its model on its engine, under its sampling
-    settings, at its batch size: an engine changes the speed of vanilla decoding as much as that of the method, a
+    settings and paradigm, at its batch size: an engine changes the speed of vanilla decoding as much as that of the method, a
     temperature the tokens (a sampled run is compared with vanilla sampling of the same settings and seed), and a
     batch size the load (a speedup under load is against vanilla at the same batch size)."""
     for g in groups:
         g.baseline = [r for r in runs if r.model == g.model and r.method == BASELINE
-                      and all(r.params.get(k) == g.params.get(k) for k in ("engine", "sampling", BATCH))]
+                      and all(r.params.get(k) == g.params.get(k) for k in ("engine", "sampling", "paradigm", BATCH))]
         g.is_baseline = g.method == BASELINE
     _refuse_missing_baselines(groups)
 
@@ -343,17 +346,19 @@ def _give_vanilla_baselines(groups: list[Group], runs: list[Run]) -> None:
 def _refuse_missing_baselines(groups: list[Group]) -> None:
     """Every model and engine lacking a vanilla run in one message, with the runs that need it and the two fixes."""
     def where(g: Group) -> tuple:
-        return g.model, g.params.get("engine"), g.params.get("sampling"), g.batch_size
+        return g.model, g.params.get("engine"), g.params.get("sampling"), g.params.get("paradigm"), g.batch_size
 
     missing = sorted({where(g) for g in groups if not g.baseline}, key=str)
     if missing:
         have = {m: [g.label for g in groups if where(g) == m] for m in missing}
         raise HarnessError("; ".join(f"no {BASELINE} run of model {m}" + (f" on engine {e}" if e else "")
-                                     + (f" sampling at {s}" if s else "")
+                                     + (f" sampling at {s}" if s else "") + (f" in paradigm {p}" if p else "")
                                      + (f" at runtime.{BATCH}={b}" if b not in (None, 1) else "")
-                                     + f" (runs: {', '.join(have[m, e, s, b])})" for m, e, s, b in missing)
+                                     + f" (runs: {', '.join(have[m, e, s, p, b])})" for m, e, s, p, b in missing)
                            + f"; add that model's {BASELINE} run (python -m evaluation.run method={BASELINE}"
-                           + (", with the same sampling.* settings" if any(s for _, _, s, _ in missing) else "")
+                           + (", with the same sampling.* settings" if any(s for _, _, s, _, _ in missing) else "")
+                           + (", with the same bench.rounds, num_choices, ..." if any(p for *_, p, _ in missing)
+                              else "")
                            + (f", with the same runtime.{BATCH}" if any(b not in (None, 1) for *_, b in missing)
                               else "")
                            + ") or name a baseline with --baseline RUN")

@@ -25,7 +25,7 @@ class Column:
     scale: float = 1.0  # shown as value * scale (seconds as ms: 1000)
     spread: bool = False  # the tables carry <key>_std: the spread over repeats
     interval: tuple[str, ...] = ()  # the tables that show its 95% interval over questions (<key>_lo, <key>_hi)
-    tables: tuple[str, ...] = ()  # the tables it appears in: "main", "speed", "batch"
+    tables: tuple[str, ...] = ()  # the tables it appears in: "main", "speed", "batch", "reasoning"
 
     def cell(self, row, pm: str = " ± ", n: int | None = None) -> str:
         """The number as the tables show it: its spread over repeats (a single run has none) and its 95% interval
@@ -41,12 +41,15 @@ class Column:
         lo, hi = row.get(self.key + "_lo"), row.get(self.key + "_hi")
         if n == 1 and not missing(lo):
             return text + " (n=1)"
+        if not (missing(lo) or missing(hi)) and lo == hi == value:  # one question in every task: nothing to resample
+            return text + " (n=1 per task)"
         if not (missing(lo) or missing(hi)):
             text += f" [{format(self.scale * lo, self.fmt)}, {format(self.scale * hi, self.fmt)}]"
         return text
 
     def show(self, value) -> str:
-        return format(self.scale * value, self.fmt) + self.unit
+        value = self.scale * value
+        return format(int(round(value)) if self.fmt == "d" else value, self.fmt) + self.unit
 
 
 def missing(x) -> bool:
@@ -64,7 +67,8 @@ def task_column(task: str) -> Column:
 
 METRICS = [
     Column("questions", "Questions", "questions", fmt="d", tables=("speed",)),
-    Column("mat", "MAT", "MAT", spread=True, interval=("main", "speed"), tables=("main", "speed", "batch")),
+    Column("mat", "MAT", "MAT", spread=True, interval=("main", "speed"),
+           tables=("main", "speed", "batch", "reasoning")),
     Column("mat_specbench", "MAT (Spec-Bench)", "MAT (Spec-Bench)", spread=True, interval=("main",),
            tables=("main", "speed")),
     Column("tok_per_s", "Tokens/s", "tokens/s", spread=True, tables=("main", "speed")),
@@ -75,13 +79,30 @@ METRICS = [
     Column("throughput", "Throughput (tok/s)", "throughput (tokens/s)", tables=("speed", "batch")),
     # the main table's speedup is per request; a batch table's (the same key there) is its throughput's
     Column("speedup", "Speedup", "speedup", unit="×", spread=True, interval=("main", "speed"),
-           tables=("main", "speed", "batch")),
+           tables=("main", "speed", "batch", "reasoning")),
     Column("speedup_specbench", "Speedup (Spec-Bench)", "speedup (Spec-Bench)", unit="×", tables=("speed",)),
     Column("throughput_speedup", "Speedup in throughput", "speedup in throughput", unit="×", tables=("speed",)),
     *(Column(f"{name.lower()}_{stat}", f"{name} {stat} (ms)", f"{name.lower()}_{stat}", fmt=".1f", scale=1000,
              tables=("batch",)) for name in ("TTFT", "TPOT") for stat in ("mean", "p50", "p90")),
     Column("forward_tokens", "Forward tokens", "forward_tokens", fmt=".1f", tables=("batch",)),
     Column("padding", "Padding", "padding", fmt=".1%", tables=("batch",)),
+    # reasoning workloads (evaluation.records.metrics.long_stats)
+    Column("answers", "Answers", "answers", fmt="d", tables=("reasoning",)),
+    Column("looping", "Looping", "looping questions", fmt="d", tables=("reasoning",)),
+    Column("mat_clean", "MAT w/o loops", "MAT without looping questions", tables=("reasoning",)),
+    Column("speedup_clean", "Speedup w/o loops", "speedup without looping questions", unit="×",
+           tables=("reasoning",)),
+    Column("mat_thinking", "MAT thinking", "MAT inside the thinking", tables=("reasoning",)),
+    Column("mat_answer", "MAT after", "MAT after the thinking", tables=("reasoning",)),
+    Column("mean_acceptance_length", "Mean acc. length", "mean acceptance length (vLLM)", tables=("reasoning",)),
+    *(Column(f"accept_rate_{k}", f"Acc. @{k}", f"acceptance rate at position {k}", fmt=".3f",
+             tables=("reasoning",)) for k in (1, 2, 3, 4)),
+    Column("long_range", "Long-range", "share of drafts from long-range memory", fmt=".1%", tables=("reasoning",)),
+    *(Column(f"itl_p{q}", f"ITL p{q} (ms)", f"inter-token latency p{q} (ms)", fmt=".1f", scale=1000,
+             tables=("reasoning",)) for q in (50, 95, 99)),
+    Column("tpot", "TPOT (ms)", "time per output token (ms)", fmt=".1f", scale=1000, tables=("reasoning",)),
+    Column("accuracy", "Accuracy", "accuracy", fmt=".1%", tables=("reasoning",)),
+    Column("pass_at_n", "Pass@N", "pass@N", fmt=".1%", tables=("reasoning",)),
 ]
 BY_KEY = {c.key: c for c in METRICS}
 

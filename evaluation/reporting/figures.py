@@ -382,3 +382,27 @@ def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: st
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, out, "speedup_vs_batch", footer + " · x: where a method's speedup falls below 1.0× "
                        "(interpolated on log2 of the batch size)")
+
+
+def plot_by_position(long: pd.DataFrame, out: Path, footer: str, bench: str, bucket: int) -> list[Path]:
+    """``mat_by_position``: per method (``evaluation.reporting.tables.position_long``), its MAT (left) and its
+    speedup over its baseline (right) against the position in the answer, by buckets of ``bucket`` tokens."""
+    if not len(long):
+        return []
+    plt = figure_style()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    multi = long["model"].nunique() > 1
+    series = list(long.groupby(["model", "method"], sort=False))
+    for ((model, method), t), colour in zip(series, colours([method for (_, method), _ in series])):
+        name = f"{method} · {model}" if multi else method
+        left.plot(t["position"], t["mat"], marker="o", ms=3, color=colour, label=name)
+        if t["speedup"].notna().any():
+            right.plot(t["position"], t["speedup"], marker="o", ms=3, color=colour, label=name)
+    right.axhline(1.0, color="0.2", lw=0.8, ls="--")
+    for ax, what in ((left, "MAT (tokens per step)"), (right, "speedup over vanilla (×)")):
+        ax.set_xlabel(f"position in the answer (tokens, buckets of {bucket})")
+        ax.set_ylabel(what)
+    left.set_title(f"MAT by output position ({bench})")
+    right.set_title("Speedup by output position")
+    right.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, out, "mat_by_position", footer)

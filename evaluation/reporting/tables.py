@@ -15,6 +15,8 @@ from evaluation.records.metrics import (
     depth_acceptance,
     drafter_table,
     load_speedup,
+    long_stats,
+    position_table,
     repeat_table,
 )
 from evaluation.reporting.collect import Group, spec_bench_tokens_of
@@ -236,3 +238,71 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
         lines.append(" & ".join(out) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\caption{" + _tex(caption) + "}", r"\end{table}"]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- reasoning workloads
+
+def reasoning(groups: list[Group]) -> bool:
+    """Whether a report's runs are reasoning workloads: SpecTTS-Bench's questions, or a paradigm of test-time scaling
+    (thinking twice, Best-of-N, a forced end of thinking)."""
+    return any(run.summary.get("config", {}).get("bench", {}).get("file") == "spec_tts" or run.params.get("paradigm")
+               for g in groups for run in g.runs)
+
+
+def position_bucket(groups: list[Group]) -> int:
+    """Output positions per bucket of the tables and figure by position: 1,024 for runs on a GPU, else 256."""
+    devices = {str(run.summary.get("environment", {}).get("device", "cpu")) for g in groups for run in g.runs}
+    return 1024 if any(d.startswith("cuda") for d in devices) else 256
+
+
+def reasoning_table(groups: list[Group]) -> pd.DataFrame:
+    """Long table, one row per model and method (its paradigm in its label and in ``paradigm``): the numbers of
+    ``evaluation.records.metrics.long_stats`` against its baseline (its repeats pooled)."""
+    rows = []
+    for g in groups:
+        base = [r for b in g.baseline for r in b.records]
+        stats = long_stats(g.records, None if g.is_baseline else base)
+        rows.append({"model": g.model, "method": g.label, "paradigm": g.params.get("paradigm") or "single pass",
+                     "baseline": g.is_baseline, **stats})
+    return pd.DataFrame(rows)
+
+
+def reasoning_rows(long: pd.DataFrame, paradigm: str) -> Rows:
+    """The rows of one paradigm of ``reasoning_table`` in the columns of ``columns("reasoning")``."""
+    shown = columns("reasoning")
+    header = ["Model", "Method"] + [c.label for c in shown]
+    body = [[str(r["model"]), str(r["method"])] + [c.cell(r) for c in shown]
+            for _, r in long[long["paradigm"] == paradigm].iterrows()]
+    return header, body
+
+
+REASONING_NOTE = ("Looping: questions with an answer whose distinct 4-grams are under 30% of its 4-grams (the same "
+                  "text again and again, which copying drafters accept at length); w/o loops: the same numbers "
+                  "without them. MAT thinking / after: inside a reasoning model's thinking and after its end. Acc. @k: "
+                  "the drafting steps whose draft's k-th token was accepted, over the drafting steps (vLLM's "
+                  "definition); mean acceptance length: 1 + accepted drafts per drafting step. Long-range: the drafts "
+                  "copied from 256 tokens back or more, or from a corpus. ITL: the time between a token and the one "
+                  "before it (a step's tokens arrive together). Accuracy: the final answers graded against the "
+                  "solutions; Pass@N: questions one of whose conversations is right (evaluation.records.grading).")
+
+
+def reasoning_markdown(long: pd.DataFrame) -> str:
+    parts = [f"### {paradigm}\n\n" + markdown_rows(*reasoning_rows(long, paradigm))
+             for paradigm in dict.fromkeys(long["paradigm"])]
+    return "\n\n".join(parts) + "\n\n" + REASONING_NOTE
+
+
+def position_long(groups: list[Group], bucket: int) -> pd.DataFrame:
+    """Long table by output position (``evaluation.records.metrics.position_table``): per model, method and bucket
+    its tokens, steps, seconds, MAT and tokens/s, and its speedup over its baseline's tokens/s in that bucket (on
+    the questions both answered)."""
+    frames = []
+    for g in groups:
+        t = position_table(g.records, bucket)
+        if not g.is_baseline and g.baseline:
+            ids = {r["question_id"] for r in g.records}
+            b = position_table([r for run in g.baseline for r in run.records if r["question_id"] in ids], bucket)
+            t["speedup"] = t["tok_per_s"] / b["tok_per_s"].reindex(t.index)
+        frames.append(t.reset_index().assign(model=g.model, method=g.label, baseline=g.is_baseline))
+    cols = ["model", "method", "baseline", "position", "tokens", "steps", "seconds", "mat", "tok_per_s", "speedup"]
+    return pd.concat(frames, ignore_index=True).reindex(columns=cols)

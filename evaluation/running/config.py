@@ -35,6 +35,10 @@ class ModelSpec:
     # a method's parameter defaults to one of them in a run (methods.params.artefact: method.head is
     # artefacts.eagle_head for EAGLE), null where the model names none.
     artefacts: dict[str, str | None] = field(default_factory=dict)
+    # A reasoning model's thinking (evaluation.running.paradigms): ``answer_after``, the text whose last occurrence its
+    # final answer follows, and ``forced``, the text SpecTTS-Bench feeds to end the thinking once 80% of the budget
+    # is spent (bench.force_end_of_thinking). None: a model that does not think.
+    thinking: dict[str, str] | None = None
 
 
 def folder_name(overrides: str) -> str:

@@ -13,7 +13,8 @@ from evaluation.records.answers import SUMMARY
 from evaluation.records.bench import load_bench
 from evaluation.records.equality import REAL, Mismatch, classify, classify_draw
 from evaluation.running.models import ModelSpec, load_model
-from evaluation.running.prompts import prompt_ids
+from evaluation.running.paradigms import Paradigm
+from evaluation.running.prompts import thinking_marker
 from methods.common import HarnessError
 from methods.sampling import Sampler, Sampling
 
@@ -34,8 +35,12 @@ def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:
     spec = replace(ModelSpec(**cfg["model"]), dtype=dtype, device=device)
     sampling = Sampling(**cfg.get("sampling", {}))
     model, tok, dev = load_model(spec)
+    b = cfg["bench"]
+    par = Paradigm(b.get("rounds", 1), b.get("num_choices", 1), b.get("bon_reference", False),
+                   b.get("force_end_of_thinking", False))
+    marker = thinking_marker(spec, tok)
     todo = [m for m in mismatches if m.turn is not None and m.kind is None]
-    questions = {q.question_id: q for q in load_bench(cfg["bench"].get("path"),
+    questions = {q.question_id: q for q in load_bench(cfg["bench"].get("path"), cfg["bench"].get("file", "spec_bench"),
                                                       question_ids=sorted({m.question_id for m in todo}))}
     answers = {r["question_id"]: r["choices"][0] for r in recs}
     for m in todo:
@@ -43,7 +48,9 @@ def explain(run: Path, recs: list[dict], mismatches: list[Mismatch]) -> str:
             m.kind, m.why = REAL, "one run stopped where the other went on"
             continue
         q, c = questions[m.question_id], answers[m.question_id]
-        ids = prompt_ids(spec, tok, list(q.turns[: m.turn]), c["turns"][: m.turn - 1])
+        per = par.turns(q)  # the turn's conversation (a choice of Best-of-N) and its turn there
+        choice, turn = divmod(m.turn - 1, per)
+        ids = par.prompt(spec, tok, q, turn, c["turns"][choice * per: choice * per + turn], marker)
         ids += c["token_ids"][m.turn - 1][: m.position]
         with torch.inference_mode():
             logits = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1]

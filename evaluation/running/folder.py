@@ -22,7 +22,7 @@ def selection(cfg: DictConfig) -> list[Question]:
     """The questions ``cfg.bench`` selects (``bench.path``, ``categories``, ``question_ids``, ``limit_per_category``,
     ``skip_per_category``)."""
     b = cfg.bench
-    return load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
+    return load_bench(b.path, b.get("file", "spec_bench"), categories=b.categories, question_ids=b.question_ids,
                       limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
 
 

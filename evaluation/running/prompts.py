@@ -77,3 +77,40 @@ def prompt_ids(spec, tok, user_turns: list[str], answers: list[str]) -> list[int
         conv.append_message(conv.roles[0], user)
         conv.append_message(conv.roles[1], answers[i] if i < len(answers) else None)
     return tok(conv.get_prompt() + spec.prompt_suffix).input_ids
+
+
+def consecutive_prompt_ids(spec, tok, user_turns: list[str]) -> list[int]:
+    """Token ids of a prompt of ``user_turns`` as consecutive user messages with no answer between (SpecTTS-Bench's
+    own Best-of-N loop appends the question once more for each sample: ``evaluation.running.paradigms``)."""
+    system = system_text(spec)
+    if spec.template == CHAT_TEMPLATE:
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages += [{"role": "user", "content": user} for user in user_turns]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text + spec.prompt_suffix, add_special_tokens=False).input_ids
+    from fastchat.conversation import get_conv_template
+
+    conv = get_conv_template(spec.template)
+    if system is not None:
+        conv.set_system_message(system)
+    for user in user_turns:
+        conv.append_message(conv.roles[0], user)
+    conv.append_message(conv.roles[1], None)
+    return tok(conv.get_prompt() + spec.prompt_suffix).input_ids
+
+
+END_OF_THINKING = "</think>"  # the reasoning models' (Qwen3, the DeepSeek-R1 distills) end of their thinking
+
+
+def thinking_marker(spec, tok) -> str | None:
+    """The text whose last occurrence a reasoning model's final answer follows: the model config's
+    (``thinking.answer_after``), else the tokenizer's end-of-thinking token where it has one, else None (a model
+    that does not think)."""
+    if spec.thinking and spec.thinking.get("answer_after"):
+        return spec.thinking["answer_after"]
+    return END_OF_THINKING if END_OF_THINKING in tok.get_vocab() else None
+
+
+def end_of_thinking_id(tok) -> int | None:
+    """The tokenizer's end-of-thinking token, found in its vocabulary (not a hard-coded id), or None."""
+    return tok.get_vocab().get(END_OF_THINKING)

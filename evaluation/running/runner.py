@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.records.answers import ANSWERS, AnswerWriter, folder_lock
 from evaluation.records.bench import Question, load_bench, shard
+from evaluation.records.grading import grade, repetition
 from evaluation.running import folder
 from evaluation.running.config import (
     ModelSpec,
@@ -44,7 +45,8 @@ from evaluation.running.models import (
     max_context,
     stop_token_ids,
 )
-from evaluation.running.prompts import check_template, describe, prompt_ids
+from evaluation.running.paradigms import paradigm
+from evaluation.running.prompts import check_template, describe, end_of_thinking_id, prompt_ids, thinking_marker
 from methods import machine
 from methods.base import Preparation, build_proposer, check_artefacts, check_method
 from methods.common import CACHE, HarnessError, load_torch_safe, save_torch_atomic, write_json_atomic
@@ -109,7 +111,8 @@ def sample_note(bench: DictConfig, selection: list[Question]) -> str | None:
     sample benches), which one who names a file may not expect; None when the limit leaves nothing out."""
     if not bench.path or bench.limit_per_category is None:
         return None
-    whole = load_bench(bench.path, categories=bench.categories, question_ids=bench.question_ids)
+    whole = load_bench(bench.path, bench.get("file", "spec_bench"), categories=bench.categories,
+                       question_ids=bench.question_ids)
     if len(whole) == len(selection):
         return None
     return (f"note: bench {bench.name} takes {bench.limit_per_category} question(s) per category of {bench.path}: "
@@ -127,6 +130,7 @@ class Runner:
         self.batch_size, self.prefill_chunk = batch_size(cfg), prefill_chunk(cfg)
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
+        self.paradigm = paradigm(cfg.bench, self.sampling, [], self.spec.thinking)
         check_method(self.method, params)  # what the settings alone refuse, before the weights load
         if loaded is None:
             checkpoint_path(self.spec)  # then a checkpoint that cannot be had,
@@ -139,6 +143,10 @@ class Runner:
                                        device=self.device)
         self.stop_ids = stop_token_ids(self.model, self.tok)
         self.context = max_context(self.model, self.spec)
+        self.marker = thinking_marker(self.spec, self.tok)  # where a reasoning model's final answer starts
+        self.end_of_thinking = end_of_thinking_id(self.tok)  # the token that closes its thinking, if it has one
+        forced = (self.spec.thinking or {}).get("forced") if self.paradigm.force_end_of_thinking else None
+        self.forced = self.tok(forced, add_special_tokens=False).input_ids if forced else None
         self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
                                           prompts=self.own_prompts, cache=CACHE, batch_size=self.batch_size))
         self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
@@ -153,10 +161,14 @@ class Runner:
 
         return [prompt_ids(self.spec, self.tok, [text], []) for text in calibration_prompts(n)]
 
-    def _request(self, ids: list[int], max_new_tokens: int, turn: int, question: int, tag=None) -> Request:
-        """One turn to decode; at temperature > 0 its draws are keyed by (seed, question, turn, position)."""
-        sampler = None if self.sampling.greedy else Sampler(self.sampling, question, turn)
-        return Request(ids, max_new_tokens, turn, sampler, tag)
+    def _request(self, ids: list[int], max_new_tokens: int, turn: int, question: int, tag=None,
+                 key: int | None = None) -> Request:
+        """One turn to decode (``turn``: its conversation's); at temperature > 0 its draws are keyed by (seed,
+        question, ``key``: the turn's index among its question's, position). With ``bench.force_end_of_thinking``,
+        the model's end-of-thinking text is fed once 80% of the budget is spent (``Request.force``)."""
+        sampler = None if self.sampling.greedy else Sampler(self.sampling, question, turn if key is None else key)
+        force = (int(0.8 * max_new_tokens), self.forced) if self.forced else None
+        return Request(ids, max_new_tokens, turn, sampler, tag, force=force)
 
     def _folded(self, gen: Generation) -> int:
         """1 when Spec-Bench's scripts count one step fewer for this turn (``evaluation.records.metrics``): its drafting
@@ -183,6 +195,18 @@ class Runner:
             out["extra_time"] = [g.extra_time for g in turns]
         return out
 
+    def _quality(self, q: Question, answers: list[str], turns: list[Generation]) -> dict:
+        """Per turn: how much the answer repeats itself (``grading.repetition``), where a reasoning model's thinking
+        ended (the index of its end-of-thinking token; None: it never did), and against a solution, whether it is
+        right (``grading.grade``)."""
+        out = {"repetition": [repetition(g.token_ids) for g in turns]}
+        if self.end_of_thinking is not None:
+            out["thinking_end"] = [g.token_ids.index(self.end_of_thinking) if self.end_of_thinking in g.token_ids
+                                   else None for g in turns]
+        if q.solution:
+            out["correct"] = [grade(q, a) for a in answers]
+        return out
+
     @staticmethod
     def _load(loads: list[machine.Load]) -> dict:
         """Per turn, how busy the machine was while it was timed (``methods.machine.Load``; where /proc tells):
@@ -201,91 +225,111 @@ class Runner:
     def answer_all(self, questions: list[Question], done: Callable[[dict], None], batch: int | None = None, *,
                    checkpoint: Callable[[dict], None] | None = None, resume: dict | None = None) -> None:
         """Answer ``questions`` in ``batch`` slots (default ``runtime.batch_size``), calling ``done(record)`` as each
-        question's last turn finishes (in question order with one slot). A slot whose turn has finished takes the same
-        question's next turn (its prompt holds the answers before it), else the next question's first.
+        question's last turn finishes (in question order with one slot).
+
+        A question is one conversation, or with Best-of-N (``bench.num_choices``) several independent ones
+        (``evaluation.running.paradigms``): a slot takes a conversation and asks its turns one after another (each
+        prompt holding the answers before it, or for a round of thinking twice the one before), then the next
+        conversation, of the same question or the next.
 
         ``checkpoint(snapshot)`` is called just before each ``done``, with what a resumed run needs to go on exactly
-        as this one will (``snapshot``): every slot's proposer state, and each question still in flight in another
-        slot, its turns so far and how far its current turn got. ``resume`` is such a snapshot from an earlier
-        process: its questions in flight go on in their slots (from where they were, ``methods.decode.Progress``,
-        where the method can: ``Proposer.resumes_mid_request``; else from their start, with the slot's state as it
-        was then), and the rest of ``questions`` follow in order."""
+        as this one will (``snapshot``): every slot's proposer state, the conversations finished of questions not
+        yet written, and each conversation still in flight, its turns so far and how far its current turn got.
+        ``resume`` is such a snapshot from an earlier process: its conversations in flight go on in their slots
+        (from where they were, ``methods.decode.Progress``, where the method can: ``Proposer.resumes_mid_request``;
+        else from their start, with the slot's state as it was then), and the rest follow in order."""
         self.engine.use_threads()  # its own thread count, whatever another runner in this process set
         slots = self.proposers[: batch or self.batch_size]
-        state: dict[int, dict] = {}  # per slot: the question, its answers, generations and loads so far
+        par = self.paradigm
+        conv: dict[int, dict] = {}  # per slot: its conversation (question, choice) and its answers, turns and loads
+        finished: dict[int, dict] = {}  # per question not yet written: its conversations' (answers, turns, loads)
         rows: list = [None] * len(slots)  # decode_batch's rows: each slot's request in flight
         mid = slots[0].resumes_mid_request
-        flight = self._restore(resume, slots, questions) if resume else {}
-        pending = iter([q for q in questions if q.question_id not in {f["q"].question_id for f in flight.values()}])
+        flight = self._restore(resume, slots, questions, finished) if resume else {}
+        busy = {(f["q"].question_id, f["choice"]) for f in flight.values()}
+        work = iter([(q, c) for q in questions for c in range(par.threads())
+                     if (q.question_id, c) not in busy and c not in finished.get(q.question_id, {}).get("choices", {})])
 
         def turn_request(slot: int, progress: Progress | None = None) -> Request:
-            st = state[slot]
-            q, i = st["q"], len(st["turns"])
-            ids = prompt_ids(self.spec, self.tok, list(q.turns[: i + 1]), st["answers"])
+            st = conv[slot]
+            q, c, i = st["q"], st["choice"], len(st["turns"])
+            ids = par.prompt(self.spec, self.tok, q, i, st["answers"], self.marker)
             room = self.context - len(ids)
             if room < 1:
                 raise HarnessError(
-                    f"question {q.question_id} turn {i + 1}: the prompt has {len(ids)} tokens but "
+                    f"question {q.question_id} turn {par.key(q, c, i) + 1}: the prompt has {len(ids)} tokens but "
                     f"{self.spec.name} takes {self.context}; leave it out with bench.question_ids or "
                     f"raise model.max_context if the model allows it")
             st["load"] = machine.Load().__enter__()  # how busy the machine was while this turn was timed
-            request = self._request(ids, min(self.max_new_tokens, room), i, q.question_id)
+            request = self._request(ids, min(self.max_new_tokens, room), i, q.question_id, key=par.key(q, c, i))
             request.resume = progress
             return request
 
-        def snapshot(finishing: int) -> dict:
-            out = {"slots": [p.state_dict() for p in slots], "flight": {}}
-            for slot, st in state.items():
-                if slot == finishing or rows[slot] is None:
+        def snapshot(writing: int) -> dict:  # ``writing``: the question whose record is written next
+            out = {"slots": [p.state_dict() for p in slots], "finished": {}, "flight": {}}
+            for qid, f in finished.items():
+                if qid != writing:
+                    out["finished"][qid] = {c: _plain(t) for c, t in f["choices"].items()}
+            for other, st in conv.items():
+                if rows[other] is None:
                     continue
-                entry = {"question": st["q"].question_id, "answers": list(st["answers"]),
-                         "turns": [asdict(g) for g in st["turns"]], "loads": [vars(x).copy() for x in st["loads"]]}
-                entry.update({"progress": asdict(rows[slot].progress())} if mid else {"start": st["start"]})
-                out["flight"][slot] = entry
+                entry = {"question": st["q"].question_id, "choice": st["choice"], **_plain(st)}
+                entry.update({"progress": asdict(rows[other].progress())} if mid else {"start": st["start"]})
+                out["flight"][other] = entry
             return out
 
-        def feed(slot: int, finished) -> Request | None:
-            if finished is None and slot in flight:  # a question an earlier process had in flight here
+        def feed(slot: int, ended) -> Request | None:
+            if ended is None and slot in flight:  # a conversation an earlier process had in flight here
                 f = flight.pop(slot)
-                state[slot] = {"q": f["q"], "answers": f["answers"], "turns": f["turns"], "loads": f["loads"],
-                               "start": f.get("start")}
+                conv[slot] = {"q": f["q"], "choice": f["choice"], "answers": f["answers"], "turns": f["turns"],
+                              "loads": f["loads"], "start": f.get("start")}
                 return turn_request(slot, f.get("progress"))
-            if finished is not None:
-                st, gen = state[slot], finished[1]
+            if ended is not None:
+                st, gen = conv[slot], ended[1]
                 st["load"].__exit__(None, None, None)
                 st["loads"].append(st["load"])
                 text_ids = gen.token_ids[:-1] if gen.stop == "eos" else gen.token_ids
                 st["answers"].append(self.tok.decode(text_ids, skip_special_tokens=True).strip())
                 st["turns"].append(gen)
-                if len(st["turns"]) < len(st["q"].turns):
+                q = st["q"]
+                if len(st["turns"]) < par.turns(q):
                     return turn_request(slot)
-                if checkpoint is not None:
-                    checkpoint(snapshot(slot))
-                done(self._record(st["q"], st["answers"], st["turns"], st["loads"], len(slots)))
-            q = next(pending, None)
-            if q is None:
+                f = finished.setdefault(q.question_id, {"q": q, "choices": {}})
+                f["choices"][st["choice"]] = {k: st[k] for k in ("answers", "turns", "loads")}
+                del conv[slot]
+                if len(f["choices"]) == par.threads():
+                    if checkpoint is not None:
+                        checkpoint(snapshot(q.question_id))
+                    del finished[q.question_id]
+                    parts = [f["choices"][c] for c in range(par.threads())]
+                    done(self._record(q, *([x for p in parts for x in p[k]] for k in ("answers", "turns", "loads")),
+                                      len(slots)))
+            unit = next(work, None)
+            if unit is None:
                 return None
             # a method whose requests cannot go on part-way restarts one from here: the slot's state is kept
             start = None if mid or checkpoint is None else copy.deepcopy(slots[slot].state_dict())
-            state[slot] = {"q": q, "answers": [], "turns": [], "loads": [], "start": start}
+            conv[slot] = {"q": unit[0], "choice": unit[1], "answers": [], "turns": [], "loads": [], "start": start}
             return turn_request(slot)
 
         decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer,
                      prefill_chunk=self.prefill_chunk, rows=rows)
 
     @staticmethod
-    def _restore(resume: dict, slots: list, questions: list[Question]) -> dict[int, dict]:
-        """Every slot's proposer state as ``resume`` saved it, and its questions in flight (``answer_all``):
-        slot -> question, answers, generations and loads of its turns so far, and how far its current turn got
-        (``progress``: the slot's state goes with it) or the slot's state at the question's start (``start``)."""
+    def _restore(resume: dict, slots: list, questions: list[Question], finished: dict) -> dict[int, dict]:
+        """Every slot's proposer state as ``resume`` saved it, the conversations finished of questions not yet
+        written (into ``finished``), and the conversations in flight (``answer_all``): slot -> question, choice,
+        answers, generations and loads of its turns so far, and how far its current turn got (``progress``: the
+        slot's state goes with it) or the slot's state at the conversation's start (``start``)."""
         by_id = {q.question_id: q for q in questions}
         for p, saved in zip(slots, resume["slots"]):
             p.load_state_dict(saved)
+        for qid, choices in resume.get("finished", {}).items():
+            finished[int(qid)] = {"q": by_id[int(qid)], "choices": {int(c): _unplain(t) for c, t in choices.items()}}
         flight = {}
         for slot, f in resume.get("flight", {}).items():
             slot = int(slot)
-            out = {"q": by_id[f["question"]], "answers": f["answers"], "turns": [Generation(**g) for g in f["turns"]],
-                   "loads": [_load(x) for x in f["loads"]]}
+            out = {"q": by_id[f["question"]], "choice": f.get("choice", 0), **_unplain(f)}
             if f.get("progress") is not None:
                 out["progress"] = Progress(**{**f["progress"], "state": resume["slots"][slot]})
             else:
@@ -296,6 +340,7 @@ class Runner:
 
     def _record(self, q: Question, answers: list[str], turns: list[Generation], loads: list[machine.Load],
                 batch: int) -> dict:
+        per = self.paradigm.turns(q)
         clock = [[round(g.clock[0] - self.clock0, 6), round(g.clock[1] - self.clock0, 6)] for g in turns]
         return {
             "question_id": q.question_id,
@@ -319,12 +364,17 @@ class Runner:
                 "spec_bench_steps": [len(g.accept_lengths) - self._folded(g) for g in turns],
                 **self._per_step(turns),
                 **self._load(loads),
+                **self._quality(q, answers, turns),
             }],
             # when each turn started and ended (s) in this process's part of the run, and the batch it decoded in
             "clock": {"segment": self.segment, "turns": clock, "batch_size": batch},
             "tstamp": time.time(),
             # Spec-Bench names the temperature in its model ids (-temp-0.7); ours say it here (sampled runs only)
             **({"sampling": asdict(self.sampling)} if not self.sampling.greedy else {}),
+            # thinking twice, Best-of-N: which conversation (choice) and round each turn is
+            **({"paradigm": {**self.paradigm.summary(), "choice": [t // per for t in range(len(turns))],
+                             "round": [t % per for t in range(len(turns))]}}
+               if not self.paradigm.single else {}),
         }
 
 
@@ -342,6 +392,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     selected = folder.selection(cfg)
     if note := sample_note(cfg.bench, selected):
         print(note)
+    paradigm(cfg.bench, sampling_settings(cfg), selected, model_spec(cfg).thinking)  # before anything loads
     questions = shard(selected, cfg.runtime.shard, cfg.runtime.num_shards)
     folder.check_batch(batch_size(cfg), len(questions))
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -401,6 +452,17 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     folder.write_summary(out, summary)
     print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
     return out
+
+
+def _plain(turns: dict) -> dict:
+    """A conversation's answers, generations and loads so far, in plain values (a snapshot's)."""
+    return {"answers": list(turns["answers"]), "turns": [asdict(g) for g in turns["turns"]],
+            "loads": [{k: getattr(x, k) for k in ("cpu_wait", "others", "load_avg")} for x in turns["loads"]]}
+
+
+def _unplain(saved: dict) -> dict:
+    return {"answers": saved["answers"], "turns": [Generation(**g) for g in saved["turns"]],
+            "loads": [_load(x) for x in saved["loads"]]}
 
 
 def _load(saved: dict) -> machine.Load:

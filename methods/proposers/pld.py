@@ -53,10 +53,47 @@ def lookup(context: torch.Tensor, max_ngram: int, num_pred: int, rule: str = "sp
     return context[:0]
 
 
+class NgramIndex:
+    """The first occurrence of every n-gram (n up to ``max_n``) of a growing sequence, so that a step's lookup costs
+    the same at token 15,000 as at token 100 (``lookup`` searches the whole sequence). The earliest occurrence is
+    all either rule needs: a later one starts later, so it cannot have a full continuation, or end before the last
+    n-gram, where the earliest has not (tests/test_pld.py holds it to ``lookup`` on random sequences).
+
+    >>> index = NgramIndex(2)
+    >>> index.extend([4, 5, 6, 9, 4, 5, 7, 4, 5])
+    >>> index.lookup(3, "spec_bench"), index.lookup(10, "spec_bench"), index.lookup(10, "transformers")
+    (2, None, 2)
+    """
+
+    def __init__(self, max_n: int):
+        self.max_n, self.tokens, self.first = max_n, [], {}
+
+    def extend(self, tokens: list[int]) -> None:
+        seq = self.tokens
+        for t in tokens:
+            seq.append(t)
+            end = len(seq)
+            for n in range(1, min(self.max_n, end) + 1):
+                self.first.setdefault(tuple(seq[end - n:]), end - n)
+
+    def lookup(self, num_pred: int, rule: str) -> int | None:
+        """Where the draft starts (after the earliest match of the newest n-gram, n from the largest down), or None."""
+        seq, length = self.tokens, len(self.tokens)
+        for n in range(min(self.max_n, length - 1), 0, -1):
+            start = self.first[tuple(seq[length - n:])] + n
+            if rule == "transformers":
+                if start < length:
+                    return start
+            elif start + num_pred <= length and start < length - n:
+                return start
+        return None
+
+
 @register
 class PromptLookup(Proposer):
     name = "pld"
     resumes_mid_request = True
+    token_only = True
 
     @dataclass
     class Params:  # Spec-Bench's settings
@@ -67,14 +104,32 @@ class PromptLookup(Proposer):
 
     def __init__(self, max_ngram: int, num_pred_tokens: int, match: str):
         self.max_ngram, self.num_pred, self.match = max_ngram, num_pred_tokens, match
+        self.index = NgramIndex(max_ngram)  # of the request's committed tokens (``propose`` catches up)
 
     @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "PromptLookup":
         return cls(params.max_ngram, params.num_pred_tokens, params.match)
 
+    def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
+        self.index = NgramIndex(self.max_ngram)
+
+    def fork(self) -> "PromptLookup":
+        other = super().fork()
+        other.index = NgramIndex(self.max_ngram)
+        return other
+
     def propose(self, context: torch.Tensor) -> Draft:
-        drafts = lookup(context, self.max_ngram, self.num_pred, self.match)
-        return Draft(torch.cat([context[-1:], drafts]), Tree.chain(len(drafts) + 1).to(context.device))
+        """A chain after the newest n-gram's earliest match (``lookup``'s, from the index); its step info says how
+        far back the copied tokens are (``reach``)."""
+        if len(context) < len(self.index.tokens):  # not this request's context: index it anew
+            self.index = NgramIndex(self.max_ngram)
+        self.index.extend(context[len(self.index.tokens):].tolist())
+        start = self.index.lookup(self.num_pred, self.match)
+        if start is None:
+            return Draft(context[-1:], Tree.chain(1).to(context.device))
+        drafts = context[start: start + self.num_pred]
+        return Draft(torch.cat([context[-1:], drafts]), Tree.chain(len(drafts) + 1).to(context.device),
+                     info={"reach": len(context) - start})
 
     def step_sizes(self) -> list[int]:
         return list(range(1, self.num_pred + 2))  # the root and 0..num_pred drafts

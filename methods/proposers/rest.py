@@ -195,6 +195,7 @@ def datastore_path(ref: str | None) -> Path:
 @register
 class Rest(Proposer):
     name = "rest"
+    token_only = True
 
     @dataclass
     class Params:  # Spec-Bench's REST row (evaluation/inference_rest.py, DraftRetriever's search defaults)

@@ -282,6 +282,11 @@ class _Retrieving(Proposer):
         return min(cap, int(self.alpha * score)) if self.alpha else cap
 
     @property
+    def token_only(self) -> bool:
+        """Its chains copy the tokens; a tree drafter learns from the target."""
+        return self.drafter is None
+
+    @property
     def resumes_mid_request(self) -> bool:
         """Its automata catch up on the context (``Retrieval.sync``); its tree drafter says for itself."""
         return self.drafter is None or self.drafter.resumes_mid_request
@@ -318,7 +323,7 @@ class _Retrieving(Proposer):
         if chain and not self.merge:
             tokens = torch.cat([root, torch.tensor(chain, device=root.device)])
             return Draft(tokens, Tree.chain(len(tokens)).to(root.device), info={"drafter": match.source,
-                                                                                 "match": score})
+                                                                                 "match": score, **self._reach(match)})
         if self.drafter is None:
             return Draft(root, Tree.chain(1).to(root.device), info={"drafter": "plain", "match": score})
         draft = self.drafter.propose(context)
@@ -328,6 +333,12 @@ class _Retrieving(Proposer):
                          info={"drafter": f"{self.drafter.name}+{match.source}", "match": score})
         draft.info = {"drafter": self.drafter.name, "match": score}
         return draft
+
+    def _reach(self, match: Match) -> dict:
+        """How far back a chain of the request's own text was copied from (the tokens after its match's first
+        occurrence), for the reports' share of drafts from long-range memory; a corpus's chain says its drafter."""
+        d = self.retrieval.dynamic
+        return {"reach": len(d) - d.end[match.state]} if match.source == DYNAMIC else {}
 
     def update(self, draft: Draft, result: Verification) -> None:
         if self.drafter is not None:  # TR writes every node's row, EAGLE-2 is fed the accepted tokens
@@ -376,6 +387,7 @@ class SuffixDecoding(_Retrieving):
     step."""
 
     name = "sam"
+    token_only = True  # no tree drafter: its chains copy the tokens
     STATIC_TREE = True  # samd_sam_only/sam/static_sam.py StaticSAM.gen_draft (FrozenAutomaton.frequent_tree)
     WALK = REFERENCE_WALK = None  # samd_sam_only/sam/dyn_sam.py gen_draft: the longest match's first occurrence
     REFERENCE_PADS = False  # its chain is as long as the continuation (gen_draft, lines 116-121)
