@@ -1,5 +1,7 @@
 """Every config composes, and every model config describes a loadable ModelSpec."""
 
+import dataclasses
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -85,12 +87,13 @@ def test_missing_question_file_offline_says_where_to_put_it(monkeypatch, tmp_pat
     from evaluation.records import bench as data
     from methods.common import HarnessError
 
-    monkeypatch.setattr(data, "CACHED", tmp_path / "cache" / "question.jsonl")
-    monkeypatch.setattr(data, "SHARED_COPY", tmp_path / "no-shared" / "question.jsonl")
-    monkeypatch.setattr(data, "SPEC_BENCH_URL", "http://127.0.0.1:9/question.jsonl")  # nothing listens there
-    with pytest.raises(HarnessError, match=rf"put question.jsonl at {tmp_path}.*bench.path=FILE"):
-        data.fetch_spec_bench()
-    assert not list((tmp_path / "cache").glob("*")), "no partial file left behind"
+    monkeypatch.setattr(data, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(data, "SHARED", tmp_path / "no-shared")
+    pinned = data.QUESTION_FILES["spec_tts"]  # nothing listens on port 9
+    monkeypatch.setitem(data.QUESTION_FILES, "spec_tts", dataclasses.replace(pinned, url="http://127.0.0.1:9/q.jsonl"))
+    with pytest.raises(HarnessError, match=rf"put question_cot.jsonl at {tmp_path}.*bench.path=FILE"):
+        data.fetch("spec_tts")
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "no partial file left behind"
 
 
 def sweep(key: str, values: str) -> list[str]:

@@ -53,8 +53,9 @@ def one_line(said) -> str:
      "method 'tr' has no parameter kk (did you mean method.k?); known: k, tree, start, fit_tree_to_k, first_step"),
     (["method.kk=3"], "method 'vanilla' has no parameter kk; it takes none"),
     (["bench.max_new_token=16"], "unknown setting bench.max_new_token (did you mean bench.max_new_tokens?); the keys "
-                                 "of bench: name, path, categories, question_ids, limit_per_category, "
-                                 "skip_per_category, max_new_tokens"),
+                                 "of bench: name, file, path, categories, question_ids, limit_per_category, "
+                                 "skip_per_category, max_new_tokens, rounds, num_choices, bon_reference, "
+                                 "force_end_of_thinking"),
     (["warmupp=1"], "unknown setting warmupp (did you mean warmup?); the keys of the config: hydra, warmup,"),
     (["engine.thread=2"], "engine 'static' has no parameter thread (did you mean engine.threads?); known: "),
 ])

@@ -60,14 +60,14 @@ def test_lists_every_run_with_its_settings_progress_status_and_numbers(tmp_path,
     out, err = capsys.readouterr()
     assert out.splitlines()[0] == "| path | method | model | bench | settings | answered | status | MAT | tokens/s | busy |"
     assert out.splitlines()[2:] == [
-        "| runs/broken | - | - | - | - | - | unreadable | - | - |",
+        "| runs/broken | - | - | - | - | - | unreadable | - | - | - |",
         "| runs/tr-k4 | tr | smollm2-135m | spec_bench_smoke | method.k=4, bench.max_new_tokens=64 | 2/2 | finished "
-        "| 5.00 | 10.00 |",
+        "| 5.00 | 10.00 |  |",
         "| runs/vanilla/killed | vanilla | smollm2-135m | spec_bench_smoke | warmup=0 | 1/3 | interrupted | 1.00 "
-        "| 5.00 |",
+        "| 5.00 |  |",
         "| runs/vanilla/live | vanilla | smollm2-135m | spec_bench_smoke | bench.categories=[qa,rag] | 0/3 | running "
-        "| - | - |",
-        "| runs/vanilla/stopped | vanilla | smollm2-135m | spec_bench_smoke |  | 1/3 | interrupted | 1.00 | 5.00 |"]
+        "| - | - |  |",
+        "| runs/vanilla/stopped | vanilla | smollm2-135m | spec_bench_smoke |  | 1/3 | interrupted | 1.00 | 5.00 |  |"]
     assert err.strip() == "note: runs/broken/answers.jsonl:1: not valid JSON (Expecting value); expected one answer " \
                           "record a line (is this an answer file?)"
     # CSV: the same rows, numbers in full; the live run's folder is free again.

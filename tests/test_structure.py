@@ -43,7 +43,7 @@ LAYERS = {
         {"running.explain", "running.runner"},
         {"running.side_by_side"},
         {"reporting", "reporting.render", "reporting.collect", "reporting.columns"},
-        {"reporting.tables", "reporting.speed_table"},
+        {"reporting.tables", "reporting.speed_table", "reporting.simulate"},
         {"reporting.figures", "reporting.html"},
         {"reporting.build"},
         {"*"},  # the commands (python -m evaluation.run, .report, .equal, .speed, .merge, .runs; sweep's callbacks)

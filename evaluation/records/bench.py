@@ -41,8 +41,6 @@ QUESTION_FILES = {f.name: f for f in (
                  "6b33e4a780740b91249162a8f11202819bd7c852/code/data/SpecTTS_Bench/question_cot.jsonl",
                  "5e1b69271d7f429668a29147b7eb5e83a42e4bd11ab5a96065792ec04fff9700", "question_cot.jsonl"),
 )}
-SPEC_BENCH_URL, SPEC_BENCH_SHA256 = QUESTION_FILES["spec_bench"].url, QUESTION_FILES["spec_bench"].sha256
-CACHED, SHARED_COPY = QUESTION_FILES["spec_bench"].cached, QUESTION_FILES["spec_bench"].shared
 
 # Spec-Bench reports the 8 MT-Bench categories together as one task.
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -93,10 +91,6 @@ def fetch(name: str = "spec_bench") -> Path:
         if sha256(tmp) != f.sha256:
             raise HarnessError(f"the {name} file fetched for {f.cached} has the wrong sha256; expected {f.sha256}")
     return f.cached
-
-
-def fetch_spec_bench() -> Path:
-    return fetch("spec_bench")
 
 
 def read_questions(path: Path) -> list[Question]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.records.metrics import OVERALL
+from evaluation.records.metrics import OVERALL, task_table
 from methods.base import Draft, Proposer, Verification
 
 
@@ -69,8 +69,6 @@ def simulate(records: list[dict], prompts: dict[tuple[int, int], list[int]], mak
 
 def simulated_mat(records: list[dict]) -> dict[str, float]:
     """MAT per task and overall (the same tokens over the simulated steps)."""
-    from evaluation.records.metrics import task_table
-
     t = task_table(records, ci=False)
     return {task: float(t.loc[task, "mat"]) for task in t.index if task != OVERALL} | {
         OVERALL: float(t.loc[OVERALL, "mat"])}
