@@ -14,6 +14,7 @@ A default that the run's config fills in differs from the one code gets: ``confi
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import MISSING, field
@@ -102,9 +103,12 @@ def parse(declaration: type, raw: dict, owner: str, prefix: str = "method"):
     and completed with its defaults; ``owner`` names the method or engine in the messages (``method 'tr'``)."""
     known = [f.name for f in dataclasses.fields(declaration)]
     unknown = sorted(set(raw) - set(known))
-    if unknown:
-        have = f"; known: {', '.join(known)}" if known else ""
-        raise HarnessError(f"{owner} has no parameter(s) {', '.join(unknown)}{have}")
+    if unknown:  # the configs' words (evaluation.running.config), so that code and configs say it alike
+        close = difflib.get_close_matches(unknown[0], known, n=1) if len(unknown) == 1 else []
+        hint = f" (did you mean {prefix}.{close[0]}?)" if close else ""
+        have = f"known: {', '.join(known)}" if known else "it takes none"
+        raise HarnessError(f"{owner} has no parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{hint}; "
+                           f"{have}")
     hints = typing.get_type_hints(declaration)
     values = {}
     for f in dataclasses.fields(declaration):

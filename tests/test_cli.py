@@ -206,7 +206,7 @@ def _bad(tmp_path, *args):
     (["model.checkpoint=/"], "cannot load model 'smollm2-135m' from '/'"),
     (["method=tr", "method.k=4"], "tree 'paper' uses ranks up to 7, which needs method.k >= 8"),
     (["method=tr", "method.start=warm"], "method.start must be one of hot, cold, prompt"),
-    (["method=tr", "+method.depth=3"], "method 'tr' has no parameter(s) depth"),
+    (["method=tr", "+method.depth=3"], "method 'tr' has no parameter depth"),
     (["model.device=cuda:0"] if not torch.cuda.is_available() else ["model.dtype=float8"],
      "CUDA is not available" if not torch.cuda.is_available() else "unknown model.dtype"),
 ])

@@ -91,7 +91,7 @@ def composes(args: list[str]) -> None:
     b = cfg.bench
     if re.fullmatch(r"[A-Z_]+|.*\.\.\..*", str(b.path or "")):
         return  # a placeholder path (bench.path=FILE)
-    assert load_bench(b.path, categories=b.categories, question_ids=b.question_ids,
+    assert load_bench(b.path, b.get("file", "spec_bench"), categories=b.categories, question_ids=b.question_ids,
                       limit_per_category=b.limit_per_category, skip_per_category=b.skip_per_category)
 
 

@@ -162,7 +162,7 @@ def test_a_head_that_names_no_rotary_base_gets_eagles_default_not_the_targets(tm
     ({"head": "random", "topk": 0}, "method.topk must be an integer from 1 to 64"),
     ({"head": "random", "topk": 2}, "uses ranks up to 3, which needs method.topk > 3"),
     ({"head": "/nowhere/head"}, "method.head=/nowhere/head: no such folder here, and not a hub id"),
-    ({"head": "random", "k": 3}, "has no parameter(s) k"),
+    ({"head": "random", "k": 3}, "has no parameter k"),
 ])
 def test_bad_parameters(tiny_model, params, message):
     with pytest.raises(HarnessError) as e:

@@ -62,6 +62,18 @@ def test_paradigms_that_cannot_run_are_one_line(bench, sampling, message):
         paradigm({"rounds": 2}, Sampling(), load_bench(None, question_ids=[81]), None)
 
 
+def test_questions_without_a_solution_are_said_once(tmp_path):
+    from evaluation.running.runner import ungraded
+
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"question_id": 1, "category": "aime24", "turns": ["What is 1+1?"], "solution": "2"}\n'
+                 '{"question_id": 2, "category": "aime24", "turns": ["What is 2+2?"]}\n')
+    cfg = compose_config(["bench=spec_tts_smoke", f"bench.path={f}"])
+    [line] = ungraded(cfg, read_questions(f))
+    assert line.startswith(f"1 of 2 question(s) of {f} have no 'solution' (2): their answers are not graded")
+    assert ungraded(compose_config([]), load_bench(None, question_ids=[81])) == []  # Spec-Bench: nothing to grade
+
+
 def runner(embedded, *overrides, batch=1) -> Runner:
     model, tok, _ = embedded
     cfg = compose_config(["bench=spec_tts_smoke", "bench.max_new_tokens=24", "model.device=cpu",

@@ -125,6 +125,7 @@ def test_make_notebook_runs_on_a_tiny_result_set_beside_the_report_it_draws(tmp_
     html = (out / "report_notebook.html").read_text()
     assert "<td>tr</td>" in html and "speedup_per_task.png" in html
     assert "data:image/png;base64" in html and "Traceback" not in html
+    assert "<td>lookahead</td>" in html  # the Python API's table: every method's answer vanilla's (asserted there)
     assert (out / "speedup_per_task.pdf").is_file() and "<h1>Report</h1>" in (out / "report.html").read_text()
 
 

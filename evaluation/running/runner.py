@@ -75,6 +75,17 @@ def start_warnings(runner: "Runner", dtype: torch.dtype) -> list[str]:
     return out
 
 
+def ungraded(cfg: DictConfig, questions: list[Question]) -> list[str]:
+    """The warning for a reasoning bench's questions that carry no ``solution`` (their answers are not graded)."""
+    missing = [q.question_id for q in questions if not q.solution]
+    if not missing or (cfg.bench.get("file", "spec_bench") != "spec_tts" and len(missing) == len(questions)):
+        return []
+    where = cfg.bench.get("path") or f"bench.file={cfg.bench.file}"
+    return [f"{len(missing)} of {len(questions)} question(s) of {where} have no 'solution' "
+            f"({', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''}): their answers are not graded "
+            f"and the accuracy column covers the rest; add each question's solution to grade them"]
+
+
 def prompt_room(runner: "Runner", questions: list[Question]) -> list[str]:
     """Refuse, before anything is decoded, a question whose prompt leaves no room in the model's context: its first
     turn's, or a later turn's without the answers before it (not known yet: a lower bound of that prompt). Returns
@@ -430,7 +441,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     dtype = next(runner.model.parameters()).dtype
     todo = [q for q in questions if q.question_id not in writer.done]
     warm = [selected[0]] if todo and cfg.warmup and selected[0] not in todo else []
-    for warning in [*start_warnings(runner, dtype), *prompt_room(runner, warm + todo)]:
+    for warning in [*start_warnings(runner, dtype), *ungraded(cfg, questions), *prompt_room(runner, warm + todo)]:
         print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     summary = folder.summary(
         runner, cfg, "running", len(questions),

@@ -1,0 +1,138 @@
+"""Does a step cost more as the answer grows? Per method, the proposer's own time per step (the loop's ``propose`` and
+``update`` phases) over the first and over the last WINDOW steps of every answer that runs that long, beside the
+target's forward over the same steps (vanilla's forward grows with attention over a longer cache; that growth is the
+model's, not the method's). A proposer whose per-step work is bounded (TR's matrix, PLD's n-gram index, SAM's
+automata, Lookahead's pool, REST's store) keeps its end/start ratio near 1: the bar is 1.25.
+
+    python -m scripts.bench_long "method=vanilla" "method=pld" "method=sam" [--bench spec_tts_smoke]
+        [--tokens 1024] [--window 128] [--set model=gemma3-270m ...] [--out DIR]
+
+The methods decode the same questions one after another in one process (greedy; each step timed with a device
+sync at every phase boundary, so use it for this split only, never for speedups). Answers that stop before 2 *
+WINDOW steps are left out and counted. Writes ``long_steps.csv`` (and ``.md``) under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.reporting.render import markdown
+from evaluation.running import side_by_side as sbs
+from methods import machine
+from methods.common import RESULTS, exit_on_error, write_text_atomic
+from methods.decode import PhaseTimer
+from methods.engine.ops import sync
+
+BAR = 1.25  # a bounded proposer's time per step at the end within this factor of its time at the start
+
+
+class StepTimer(PhaseTimer):
+    """A ``PhaseTimer`` that also keeps every call's seconds, per phase, in order."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self.calls: dict[str, list[float]] = defaultdict(list)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        sync(self.device)
+        t = time.perf_counter()
+        yield
+        sync(self.device)
+        self.calls[phase].append(time.perf_counter() - t)
+
+
+def split(calls: dict[str, list[float]], window: int) -> dict | None:
+    """One answer's mean ms per step over its first and last ``window`` decoding steps: the proposer's (propose +
+    update) and the forward's. None when it took fewer than 2 * ``window`` steps."""
+    steps = min(len(calls["propose"]), len(calls["update"]))
+    if steps < 2 * window:
+        return None
+    proposer = [p + u for p, u in zip(calls["propose"], calls["update"])]
+    forward = calls["forward"][-steps:]  # the decoding steps' forwards (the prefill's is the first, before them)
+
+    def ms(values: list[float]) -> float:
+        return 1000 * sum(values) / len(values)
+
+    return {"steps": steps, "proposer_start": ms(proposer[:window]), "proposer_end": ms(proposer[-window:]),
+            "forward_start": ms(forward[:window]), "forward_end": ms(forward[-window:])}
+
+
+def measure(runner, questions, window: int) -> tuple[list[dict], int]:
+    """Each question answered by ``runner`` with a fresh ``StepTimer``: the answers long enough, and how many not."""
+    rows, short = [], 0
+    for q in questions:
+        runner.timer = StepTimer(runner.device)
+        record = runner.answer(q)
+        row = split(runner.timer.calls, window)
+        if row is None:
+            short += 1
+            continue
+        rows.append({"question_id": q.question_id, "tokens": sum(record["choices"][0]["new_tokens"]), **row})
+    return rows, short
+
+
+def table(per_method: dict[str, tuple[list[dict], int]]) -> pd.DataFrame:
+    out = []
+    for label, (rows, short) in per_method.items():
+        if not rows:
+            out.append({"method": label, "answers": 0, "too short": short})
+            continue
+        t = pd.DataFrame(rows)
+        mean = t[["tokens", "proposer_start", "proposer_end", "forward_start", "forward_end"]].mean()
+        out.append({"method": label, "answers": len(t), "too short": short, "tokens": mean["tokens"],
+                    "proposer ms (start)": mean["proposer_start"], "proposer ms (end)": mean["proposer_end"],
+                    "proposer end/start": mean["proposer_end"] / mean["proposer_start"],
+                    "forward ms (start)": mean["forward_start"], "forward ms (end)": mean["forward_end"],
+                    "forward end/start": mean["forward_end"] / mean["forward_start"]})
+    return pd.DataFrame(out)
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("methods", nargs="+", help='one string per method, e.g. "method=tr method.tree=auto"')
+    ap.add_argument("--bench", default="spec_tts_smoke", help="bench config (questions)")
+    ap.add_argument("--tokens", type=int, default=1024, help="new tokens per answer (bench.max_new_tokens)")
+    ap.add_argument("--window", type=int, default=128, help="decoding steps timed at the start and at the end")
+    ap.add_argument("--set", nargs="*", default=[], help="overrides for every method (model=..., bench.*=...)")
+    ap.add_argument("--out", default=str(RESULTS / "bench" / f"long_{time.strftime('%Y-%m-%d_%H-%M-%S')}"))
+    args = ap.parse_args(argv)
+    if args.window < 1 or args.tokens < 2 * args.window:
+        raise SystemExit(f"error: --tokens ({args.tokens}) must hold two windows of --window ({args.window}) steps "
+                         f"or more; lower --window or raise --tokens")
+    common = [f"bench={args.bench}", f"bench.max_new_tokens={args.tokens}", "warmup=0", *args.set]
+    b = sbs.compose(args.methods, common, batch=1)
+    sbs.load(b)
+    per_method = {}
+    for label, runner in b.runners.items():
+        runner.max_new_tokens, keep = 16, runner.max_new_tokens  # a short warm-up answer: the kernels, the caches
+        runner.answer(b.questions[0])
+        runner.max_new_tokens = keep
+        per_method[label] = measure(runner, b.questions, args.window)
+        print(f"{label}: {len(per_method[label][0])} answer(s) of {2 * args.window}+ steps", flush=True)
+    t = table(per_method)
+    device = next(iter(b.runners.values())).device
+    head = (f"{len(b.questions)} questions of {args.bench}, {args.tokens} new tokens, windows of {args.window} "
+            f"steps, {device} ({machine.describe(machine.cpu())})")
+    text = markdown(t, digits=3)
+    print(f"\n{head}\n{text}")
+    over = [m for m, r in zip(t["method"], t.get("proposer end/start", [])) if r > BAR]
+    verdict = (f"over {BAR}x: {', '.join(over)}" if over else f"every proposer within {BAR}x of its start")
+    print(verdict)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t.to_csv(out / "long_steps.csv", index=False)
+    write_text_atomic(out / "long_steps.md", f"{head}\n\n{text}\n\n{verdict}\n")
+    print(f"-> {out / 'long_steps.md'} (and .csv)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
