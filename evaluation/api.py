@@ -22,6 +22,7 @@ that every method samples exactly what vanilla samples (``methods.sampling``); i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -72,7 +73,7 @@ class Decoder:
         self.engine_params = {"name": engine, **(engine_params or {})}
         self.engine = build_engine(model, self.engine_params)
         self._prompt = prompt
-        self.name = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__).replace("/", "--")
+        self.name = name or model_name(model)
         self.stop_ids = stop_ids(model.generation_config.eos_token_id, tokenizer)
         self.batch_size = batch_size
         self._proposers: list = []
@@ -164,6 +165,15 @@ class Decoder:
     __call__ = generate
 
 
+def model_name(model) -> str:
+    """A loaded model's name for the cache keys: a local folder's name (``data/cache/models/smollm2-135m``:
+    ``smollm2-135m``, whose shipped calibrations then apply), a hub id with ``--`` for ``/``, else its class."""
+    where = str(getattr(model.config, "_name_or_path", "") or "")
+    if not where:
+        return type(model).__name__
+    return Path(where).name if Path(where).is_dir() else where.replace("/", "--")
+
+
 def stop_ids(eos, tokenizer=None) -> set[int]:
     """The tokens that end an answer: the generation config's eos id(s) and the tokenizer's."""
     ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
@@ -219,28 +229,28 @@ class CustomGenerate:
     ``Decoder`` per model, built at the first call) and returns what ``generate`` returns."""
 
     def __init__(self, method: str = "vanilla", *, engine: str = "static", engine_params: dict | None = None,
-                 **params):
+                 tokenizer=None, **params):
         check_method(method, params)
         self.method, self.engine, self.engine_params, self.params = method, engine, engine_params, params
+        self.tokenizer = tokenizer  # only for a method that measures itself on the project's prompts (tree=auto)
         self._decoders: dict[int, Decoder] = {}
 
-    def decoder(self, model, tokenizer=None, rows: int = 1) -> Decoder:
+    def decoder(self, model, rows: int = 1) -> Decoder:
         if id(model) not in self._decoders:
-            self._decoders[id(model)] = Decoder(model, tokenizer, self.method, engine=self.engine,
+            self._decoders[id(model)] = Decoder(model, self.tokenizer, self.method, engine=self.engine,
                                                 engine_params=self.engine_params, batch_size=rows, **self.params)
         return self._decoders[id(model)]
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
-                 generation_config=None, synced_gpus: bool = False, streamer=None, seed: int = 0, tokenizer=None,
-                 **model_kwargs):
+                 generation_config=None, seed: int = 0, **model_kwargs):
         cfg = generation_config
-        refuse(cfg, logits_processor, stopping_criteria, streamer, synced_gpus, model_kwargs)
+        refuse(cfg, logits_processor, stopping_criteria, model_kwargs)
         mask = model_kwargs.get("attention_mask")
         prompts = unpadded(input_ids, mask)
         max_new = cfg.max_length - input_ids.shape[1]
         sampling = Sampling(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p or 1.0, seed=seed) \
             if cfg.do_sample else None
-        decoder = self.decoder(model, tokenizer, len(prompts))
+        decoder = self.decoder(model, len(prompts))
         gens = decoder.decode(prompts, max_new, sampling, stop=stop_ids(cfg.eos_token_id), slots=len(prompts))
         pad = getattr(cfg, "_pad_token_tensor", None)  # generate's choice: the pad id, else the first eos id
         pad = int(pad.flatten()[0]) if pad is not None else cfg.pad_token_id if cfg.pad_token_id is not None else 0
@@ -256,20 +266,19 @@ class CustomGenerate:
 
 
 def speculative(method: str = "vanilla", *, engine: str = "static", engine_params: dict | None = None,
-                **params) -> CustomGenerate:
-    """The ``custom_generate`` callable of ``method`` with ``params`` (checked here, before any decoding)."""
-    return CustomGenerate(method, engine=engine, engine_params=engine_params, **params)
+                tokenizer=None, **params) -> CustomGenerate:
+    """The ``custom_generate`` callable of ``method`` with ``params`` (checked here, before any decoding);
+    ``tokenizer`` where the method sizes its drafts on the project's own prompts (``tree=auto``, ``max_draft=auto``)."""
+    return CustomGenerate(method, engine=engine, engine_params=engine_params, tokenizer=tokenizer, **params)
 
 
-def refuse(cfg, processors, criteria, streamer, synced_gpus: bool, model_kwargs: dict) -> None:
-    """One line for what custom_generate cannot honour, raised before any decoding."""
+def refuse(cfg, processors, criteria, model_kwargs: dict) -> None:
+    """One line for what custom_generate cannot honour, raised before any decoding. (A ``streamer`` or
+    ``synced_gpus`` never reaches a custom_generate callable: transformers keeps them back.)"""
     fix = "drop it, or call generate without custom_generate"
     if cfg.num_beams > 1:
         raise HarnessError(f"num_beams={cfg.num_beams}: beam search is not what speculative decoding reproduces; "
                            f"custom_generate decodes greedy or sampled, set num_beams=1")
-    if streamer is not None or synced_gpus:
-        raise HarnessError(f"custom_generate does not stream or sync GPUs ({'streamer' if streamer else 'synced_gpus'})"
-                           f"; {fix}")
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(cfg, flag, False) or model_kwargs.get(flag):
             raise HarnessError(f"{flag}=True: custom_generate returns the sequences and each row's accept lengths, "

@@ -78,8 +78,9 @@ def bench(args, out: Path) -> int:
     print(f"-> {out}")
     if unequal:
         ref, label = unequal[0]
-        print(f"NOT LOSSLESS: {', '.join(m for _, m in unequal)} differ(s) from their reference beyond near-ties "
-              f"(python -m evaluation.equal {out / ref} {out / label} says where and why)")
+        print(f"NOT LOSSLESS: {', '.join(m for _, m in unequal)} differ(s) from their reference (in fp32 every "
+              f"divergence counts, a near-tie too; in reduced precision those that are not near-ties; each is "
+              f"classified above, and python -m evaluation.equal {out / ref} {out / label} says where and why)")
         return 1
     return 0
 

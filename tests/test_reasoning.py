@@ -76,7 +76,7 @@ def test_questions_without_a_solution_are_said_once(tmp_path):
 
 def runner(embedded, *overrides, batch=1) -> Runner:
     model, tok, _ = embedded
-    cfg = compose_config(["bench=spec_tts_smoke", "bench.max_new_tokens=24", "model.device=cpu",
+    cfg = compose_config(["bench=spec_tts_smoke", "bench.max_new_tokens=16", "model.device=cpu",
                           "model.dtype=float32", f"runtime.batch_size={batch}", *overrides])
     return Runner(cfg, loaded=(model, tok, torch.device("cpu")))
 

@@ -304,6 +304,8 @@ def test_the_embedded_models_first_tokens_follow_the_exact_distribution(embedded
 
 
 @pytest.mark.slow
+@pytest.mark.long  # five processes; the runner's sampling: tests/test_lossless.py, a seed's settings difference:
+#                   tests/test_trust.py and the speed table above
 def test_the_command_lines_sample_the_same_tokens_and_the_checker_says_equal(tmp_path):
     """``evaluation.run method=tr sampling.temperature=1.0 sampling.seed=1`` and the same with vanilla:
     ``evaluation.equal`` finds every turn identical, and a different seed is not."""
