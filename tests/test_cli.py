@@ -103,6 +103,7 @@ def kill_after(n_answers, args, questions=len(QIDS)):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the TR kill below answers each question once too, and losslessly
 def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path):
     recs = kill_after(2, run_args(tmp_path / "killed"))
     assert sorted(r["question_id"] for r in recs) == QIDS

@@ -110,7 +110,7 @@ def test_unknown_method_lists_the_known_ones():
 
 
 def test_vanilla_refuses_parameters():
-    with pytest.raises(HarnessError, match="method .vanilla. has no parameter.s. k"):
+    with pytest.raises(HarnessError, match="method .vanilla. has no parameter k; it takes none"):
         build_proposer("vanilla", {"k": 3}, vocab_size=10, device=torch.device("cpu"))
 
 

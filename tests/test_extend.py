@@ -98,5 +98,5 @@ def test_its_parameters_are_checked_by_its_declaration(toy, tmp_path):
     with pytest.raises(HarnessError, match="method.length must be an integer from 1 to 16, got 0"):
         run(cfg, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # refused before anything was written
-    with pytest.raises(HarnessError, match=f"method '{toy.name}' has no parameter.s. width; known: length, prompts"):
+    with pytest.raises(HarnessError, match=f"method '{toy.name}' has no parameter width; known: length, prompts"):
         base.build_proposer(toy.name, {"width": 2}, vocab_size=10, device=None)

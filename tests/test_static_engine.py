@@ -83,7 +83,7 @@ def test_build_engine_refuses_what_cannot_work(tiny_model):
     assert isinstance(build_engine(tiny_model, {"name": "static", "pack": "auto"}), StaticEngine)
     with pytest.raises(HarnessError, match="unknown engine 'turbo'; known: hf, static"):
         build_engine(tiny_model, {"name": "turbo"})
-    with pytest.raises(HarnessError, match="engine 'static' has no parameter.s. turbo; known: pack, compile"):
+    with pytest.raises(HarnessError, match="engine 'static' has no parameter turbo; known: pack, compile"):
         build_engine(tiny_model, {"name": "static", "turbo": True})
     with pytest.raises(HarnessError, match="engine.compile must be one of auto, false, graphs, true, got 'yes'"):
         build_engine(tiny_model, {"name": "static", "compile": "yes"})
@@ -237,6 +237,7 @@ def test_expanded_kv_heads_compute_the_same_attention(tiny_model):
 
 
 @pytest.mark.slow  # torch.compile
+@pytest.mark.long  # compiled steps equal eager ones: the test above (one graph per size); this: PLD's padded sizes
 def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
     """engine.compile=true with PLD (drafts of 1 to 11 nodes): ``prepare`` compiles the powers of two that cover
     them before anything is timed; decoding then pads each step up to a prepared size, compiles nothing more,
