@@ -85,6 +85,7 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device):
         self.device, self.seconds = device, defaultdict(float)
+        self.calls: dict[str, list[float]] = defaultdict(list)  # every call's seconds, per phase, in order
 
     @contextmanager
     def __call__(self, phase: str):
@@ -92,7 +93,8 @@ class PhaseTimer:
         t = time.perf_counter()
         yield
         sync(self.device)
-        self.seconds[phase] += time.perf_counter() - t
+        self.calls[phase].append(time.perf_counter() - t)
+        self.seconds[phase] += self.calls[phase][-1]
 
 
 @dataclass

@@ -20,8 +20,6 @@ import argparse
 import statistics
 import sys
 import time
-from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -32,25 +30,8 @@ from evaluation.running import side_by_side as sbs
 from methods import machine
 from methods.common import RESULTS, exit_on_error, write_text_atomic
 from methods.decode import PhaseTimer
-from methods.engine.ops import sync
 
 BAR = 1.25  # a bounded proposer's time per step at the end within this factor of its time at the start
-
-
-class StepTimer(PhaseTimer):
-    """A ``PhaseTimer`` that also keeps every call's seconds, per phase, in order."""
-
-    def __init__(self, device):
-        super().__init__(device)
-        self.calls: dict[str, list[float]] = defaultdict(list)
-
-    @contextmanager
-    def __call__(self, phase: str):
-        sync(self.device)
-        t = time.perf_counter()
-        yield
-        sync(self.device)
-        self.calls[phase].append(time.perf_counter() - t)
 
 
 def split(calls: dict[str, list[float]], positions: list[int], tokens: int, window: int) -> dict | None:
@@ -80,10 +61,10 @@ def split(calls: dict[str, list[float]], positions: list[int], tokens: int, wind
 
 
 def measure(runner, questions, window: int) -> tuple[list[dict], int]:
-    """Each question answered by ``runner`` with a fresh ``StepTimer``: the answers long enough, and how many not."""
+    """Each question answered by ``runner`` with a fresh ``PhaseTimer`` (its calls, per phase): the answers long enough, and how many not."""
     rows, short = [], 0
     for q in questions:
-        runner.timer = StepTimer(runner.device)
+        runner.timer = PhaseTimer(runner.device)
         record = runner.answer(q)
         turn = turn_steps(record)[-1]  # a single-turn question (a multi-turn one: its last turn)
         steps = turn["accepts"][1:] if record["choices"][0]["prefill_step"][-1] else turn["accepts"]
