@@ -29,7 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from methods.base import Preparation, build_proposer, check_method
 from methods.common import CACHE, HarnessError
-from methods.decode import Generation, Request, decode_batch
+from methods.decode import Generation, Request, decode_all
 from methods.engine import build_engine
 from methods.sampling import Sampler, Sampling
 
@@ -132,20 +132,11 @@ class Decoder:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise HarnessError(f"max_new_tokens must be an integer of at least 1, got {max_new_tokens!r}")
         greedy = sampling is None or sampling.greedy
-        queue, out = list(range(len(prompts))), {}
-
-        def feed(slot, done):
-            if done is not None:
-                out[done[0].tag] = done[1]
-            if not queue:
-                return None
-            i = queue.pop(0)
-            return Request(prompts[i], max_new_tokens, 0, None if greedy else Sampler(sampling, i, 0), tag=i)
-
+        requests = [Request(p, max_new_tokens, 0, None if greedy else Sampler(sampling, i, 0))
+                    for i, p in enumerate(prompts)]
         self.engine.use_threads()
-        n = min(slots or self.batch_size, len(prompts))
-        decode_batch(self.engine, self.proposers(n), feed, stop_ids=self.stop_ids if stop is None else stop)
-        return [out[i] for i in range(len(prompts))]
+        return decode_all(self.engine, self.proposers(min(slots or self.batch_size, len(prompts))), requests,
+                          stop_ids=self.stop_ids if stop is None else stop)
 
     def generate(self, prompts, max_new_tokens: int = 256, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0) -> Result | list[Result]:

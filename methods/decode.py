@@ -84,8 +84,13 @@ class PhaseTimer:
     """
 
     def __init__(self, device: torch.device):
-        self.device, self.seconds = device, defaultdict(float)
+        self.device = device
         self.calls: dict[str, list[float]] = defaultdict(list)  # every call's seconds, per phase, in order
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Seconds per phase, all its calls together."""
+        return defaultdict(float, {phase: sum(calls) for phase, calls in self.calls.items()})
 
     @contextmanager
     def __call__(self, phase: str):
@@ -94,7 +99,6 @@ class PhaseTimer:
         yield
         sync(self.device)
         self.calls[phase].append(time.perf_counter() - t)
-        self.seconds[phase] += self.calls[phase][-1]
 
 
 @dataclass
@@ -410,13 +414,21 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
     engine ``hf``. ``timer(phase)`` is a context manager around each phase; profiling passes a ``PhaseTimer``.
     """
     engine = target if isinstance(target, Engine) else HFEngine(target)
-    out: list[Generation] = []
+    return decode_all(engine, [proposer], [Request(prompt_ids, max_new_tokens, turn, sampler)], stop_ids=stop_ids,
+                      timer=timer)[0]
+
+
+def decode_all(engine: Engine, proposers: list[Proposer], requests: list[Request], *, stop_ids: set[int],
+               timer=nullcontext, prefill_chunk: int = 0) -> list[Generation]:
+    """``requests`` decoded in ``len(proposers)`` slots (``decode_batch``), a freed slot taking the next request in
+    order: their Generations, in the requests' order."""
+    at = {id(r): i for i, r in enumerate(requests)}
+    queue, out = list(requests), [None] * len(requests)
 
     def feed(slot, done):
         if done is not None:
-            out.append(done[1])
-            return None
-        return Request(prompt_ids, max_new_tokens, turn, sampler)
+            out[at[id(done[0])]] = done[1]
+        return queue.pop(0) if queue else None
 
-    decode_batch(engine, [proposer], feed, stop_ids=stop_ids, timer=timer)
-    return out[0]
+    decode_batch(engine, proposers, feed, stop_ids=stop_ids, timer=timer, prefill_chunk=prefill_chunk)
+    return out

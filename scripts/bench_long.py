@@ -1,11 +1,11 @@
 """Does a step cost more as the answer grows? Per method, the proposer's own time per step (the loop's ``propose`` and
 ``update`` phases) over the steps of the first and of the last WINDOW tokens of every answer that runs that long,
-beside the target's forward over the same steps (vanilla's forward grows with attention over a longer cache; that growth is the
-model's, not the method's). A proposer whose per-step work is bounded (TR's matrix, PLD's n-gram index, SAM's
-automata, Lookahead's pool, REST's store) keeps its end/start ratio near 1: the bar is 1.25. A step's time is also
-given per token it commits (``per token end/start``): where a long answer's steps commit more tokens (a loop that
-the drafter has learned), a proposer whose work is per token (SAM extends its automaton by each) takes longer per
-step for that alone.
+beside the target's forward over the same steps (vanilla's forward grows with attention over a longer cache; that
+growth is the model's, not the method's). A proposer whose per-step work is bounded (TR's matrix, PLD's n-gram
+index, SAM's automata, Lookahead's pool, REST's store) keeps its end/start ratio near 1: the bar is 1.25. A step's
+time is also given per token it commits (``per token end/start``): where a long answer's steps commit more tokens
+(a loop that the drafter has learned), a proposer whose work is per token (SAM extends its automaton by each) takes
+longer per step for that alone.
 
     python -m scripts.bench_long "method=vanilla" "method=pld" "method=sam" [--bench spec_tts_smoke]
         [--tokens 1024] [--window 128] [--set model=gemma3-270m ...] [--out DIR]
@@ -61,7 +61,8 @@ def split(calls: dict[str, list[float]], positions: list[int], tokens: int, wind
 
 
 def measure(runner, questions, window: int) -> tuple[list[dict], int]:
-    """Each question answered by ``runner`` with a fresh ``PhaseTimer`` (its calls, per phase): the answers long enough, and how many not."""
+    """Each question answered by ``runner`` with a fresh ``PhaseTimer`` (its calls, per phase): the answers long
+    enough, and how many not."""
     rows, short = [], 0
     for q in questions:
         runner.timer = PhaseTimer(runner.device)

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from evaluation.running.config import ModelSpec
 from methods.common import ROOT
-from methods.decode import Request, decode_batch
+from methods.decode import Request, decode_all
 from methods.sampling import Sampler, Sampling
 
 
@@ -56,19 +56,9 @@ def batched(engine, proposer, batch: int, prompts: list[list[int]], max_new: int
     Generations in the prompts' order."""
     turns = turns or [0] * len(prompts)
     proposers = [proposer] + [proposer.fork() for _ in range(batch - 1)]
-    queue, out = list(range(len(prompts))), {}
-
-    def feed(slot, done):
-        if done is not None:
-            out[done[0].tag] = done[1]
-        if not queue:
-            return None
-        i = queue.pop(0)
-        sampler = Sampler(sampling, i, turns[i]) if sampling else None
-        return Request(prompts[i], max_new, turns[i], sampler, tag=i)
-
-    decode_batch(engine, proposers, feed, stop_ids=set(), prefill_chunk=chunk)
-    return [out[i] for i in range(len(prompts))]
+    requests = [Request(p, max_new, t, Sampler(sampling, i, t) if sampling else None)
+                for i, (p, t) in enumerate(zip(prompts, turns))]
+    return decode_all(engine, proposers, requests, stop_ids=set(), prefill_chunk=chunk)
 
 
 def shipped_spec(name: str, **overrides) -> ModelSpec:

@@ -12,7 +12,7 @@ from evaluation.running.paradigms import THINK_TWICE, Paradigm, final_answer, pa
 from evaluation.running.runner import Runner
 from methods.base import build_proposer
 from methods.common import HarnessError
-from methods.decode import Request, decode_batch
+from methods.decode import Request, decode_all
 from methods.engine import StaticEngine
 from tests.helpers import tiny_llama
 
@@ -120,11 +120,7 @@ def test_a_forced_end_of_thinking_is_fed_step_by_step_and_stays_lossless():
     outs = {}
     for method in ("vanilla", "tr"):
         p = build_proposer(method, {}, vocab_size=512, device=torch.device("cpu"), target=model)
-        gens = []
-        request = Request(prompt, 24, force=(10, forced))
-        decode_batch(engine, [p], lambda slot, done: gens.append(done[1]) if done else (request if not gens else None),
-                     stop_ids=set())
-        outs[method] = gens[0]
+        [outs[method]] = decode_all(engine, [p], [Request(prompt, 24, force=(10, forced))], stop_ids=set())
     v, t = outs["vanilla"], outs["tr"]
     assert v.token_ids == t.token_ids and v.token_ids[10:13] == forced
     forced_steps = [i for i, info in enumerate(t.step_info or []) if info and info.get("forced")]
