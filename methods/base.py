@@ -40,6 +40,10 @@ class Draft:
     #                           drafter drafted it), JSON-able: ``step_info`` there, one entry per step
     q: torch.Tensor | None = None  # [n, vocab]: row i the distribution node i's children were sampled from (without
     #                                replacement), for the rejection rule at temperature > 0 (methods.sampling)
+    keys: list[int] | None = None  # [n] the proposer's score class of each node (a rank, a match length), which a
+    #                                per-step budget learns acceptance odds by (methods.budget); None: by depth alone
+    whole: bool = False  # True: its update reads every node's logits (Lookahead's window): a budget keeps all or none
+    kept: list[int] | None = None  # set by a budget that cut the draft: the proposed node index of each node left
 
     @property
     def acceptable_depth(self) -> int:
@@ -204,6 +208,11 @@ class Proposer:
 
     def update(self, draft: Draft, result: Verification) -> None:
         pass
+
+    def skipped(self, result: Verification) -> None:
+        """A step that a per-step budget (``methods.budget``) took plain without asking for a draft (``propose`` and
+        ``update`` were not called): nothing by default, for a proposer that catches up on the committed context in
+        its next ``propose``; one that follows the target's features step by step takes the step's here."""
 
     def fork(self) -> "Proposer":
         """A proposer for another slot of a batch (``methods.decode.decode_batch``): it shares what is read-only or

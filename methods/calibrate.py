@@ -1,4 +1,5 @@
-"""``method.tree=auto`` for a run: calibrate acceptance (cached), measure cost (every run), choose the tree.
+"""``method.tree=auto`` for a run: calibrate acceptance (cached), measure cost (every run), choose the tree; and the
+cost grid ``runtime.budget=auto`` reads (``budget_cost``, cached per machine).
 
 See ``methods.autotree`` for the model. Calibration decodes the project's own prompts
 (``Preparation.prompts``: ``evaluation.running.own_prompts.calibration_prompts``), never the benchmark's
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from methods import machine
 from methods.autotree import (
     MAX_DEPTH,
     SIZES,
@@ -32,10 +35,14 @@ from methods.autotree import (
     measure_cost,
 )
 from methods.base import Preparation
+from methods.budget import Cost
 from methods.common import DATA, read_json, write_json_atomic
 from methods.decode import generate
 from methods.tree import Tree, grow_tree
 
+BUDGET_SIZES = (1, 2, 4, 8, 16, 32, 64, 96)  # runtime.budget=auto: tokens per row whose forward cost is measured
+BUDGET_CONTEXT = 256  # cached tokens per row while measuring it
+BUDGET_REPEATS = 3
 PROMPTS = 48  # the first three quarters warm the matrix, the last quarter is counted
 TOKENS = 96
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)  # draft counts whose grown trees are decoded
@@ -199,3 +206,46 @@ def chain_budget(proposer, prep: Preparation, other: tuple[float, int] | None = 
                                proposer.threshold, cal["source"]["max_draft"], other)
     return {**choice, "calibration": cal["source"],
             "cost": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows]}
+
+
+def row_counts(batch_size: int, ragged: bool) -> list[int]:
+    """The row counts whose cost is measured: powers of two up to the batch size and itself (a padded engine
+    always forwards all its rows: the batch size alone)."""
+    if not ragged:
+        return [batch_size]
+    return sorted({2 ** i for i in range(batch_size.bit_length()) if 2 ** i <= batch_size} | {batch_size})
+
+
+def device_key(engine) -> str:
+    """The machine a cost belongs to: a GPU's name, or the CPU's kind and thread count (``methods.machine``)."""
+    if engine.device.type == "cuda":
+        return torch.cuda.get_device_name(engine.device).replace(" ", "_")
+    return machine.machine_key()
+
+
+def budget_cost(engine, batch_size: int, model_name: str, cache: Path) -> tuple[Cost, Path]:
+    """``runtime.budget=auto``'s cost grid of ``engine`` for batches of up to ``batch_size`` rows (``methods.budget``:
+    R rows of N tokens at ``BUDGET_CONTEXT`` cached tokens, each point's fastest of ``BUDGET_REPEATS``): read from
+    ``cache`` (``budget/``) where this model, engine, dtype and machine were measured before, else measured (seconds
+    to a minute) and written there. Returns it and its file."""
+    counts = row_counts(batch_size, engine.ragged)
+    dtype = str(engine.dtype).removeprefix("torch.")
+    file = cache / "budget" / (f"{model_name}-{engine.name}-{dtype}-{device_key(engine)}-rows"
+                               f"{'_'.join(map(str, counts))}.json")
+    if file.is_file():
+        saved = read_json(file, "a runtime.budget cost grid (delete it to measure again)")
+        return Cost({int(r): p for r, p in saved["ms"].items()}), file
+    print(f"budget=auto: timing this engine's forwards of {counts} rows x {len(BUDGET_SIZES)} sizes (once per machine; "
+          f"cached in {file})", flush=True)
+    t = time.perf_counter()
+    table = {}
+    for r in counts:
+        rows = measure_cost(engine, BUDGET_SIZES, contexts=(BUDGET_CONTEXT,), repeats=BUDGET_REPEATS, rows=r)
+        table[r] = {p["tokens"]: p["ms_min"] for p in rows}
+    seconds = time.perf_counter() - t
+    print(f"budget=auto: timed in {seconds:.0f} s", flush=True)
+    write_json_atomic(file, {"ms": {str(r): {str(n): ms for n, ms in p.items()} for r, p in table.items()},
+                             "context": BUDGET_CONTEXT, "repeats": BUDGET_REPEATS, "statistic": "fastest repeat",
+                             "engine": engine.name, "device": str(engine.device), "dtype": dtype,
+                             "machine": device_key(engine), "seconds": round(seconds, 1)}, indent=1)
+    return Cost(table), file

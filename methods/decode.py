@@ -42,13 +42,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from methods.base import Proposer
+from methods.base import Draft, Proposer
+from methods.budget import Pause
 from methods.engine import Engine, HFEngine
 from methods.engine.ops import sync
+from methods.tree import Tree
 from methods.verify import Check, Chunk, step_rows
 
 DRAFT_ROOM = 256  # cache slots past the budget for a step's drafts (an engine grows its cache for more)
 ZERO = torch.zeros(1, dtype=torch.long)
+PLAIN = Tree.chain(1)  # a plain step's tree: the root alone
 
 
 @dataclass
@@ -70,6 +73,8 @@ class Generation:
     forward_slots: list[int] | None = None  # per step, batched runs only: the drafts' token positions that forward
     #   computed, padding included (hf: rows x the widest row's nodes; static, ragged: their sum; prefill: 0)
     step_times: list[float] | None = None  # per step: seconds from the start (the prefill's) to its tokens' commit
+    offered_nodes: list[int] | None = None  # per step, where a budget cut drafts (methods.budget): nodes drafted
+    expected_lengths: list[float | None] | None = None  # per step, budget=auto: the tokens it was expected to commit
 
     @property
     def wall_time(self) -> float:
@@ -128,11 +133,14 @@ class StepLog:
     rows: list[int] = field(default_factory=list)  # the rows its forward verified (a batch; prefill: 0)
     slots: list[int] = field(default_factory=list)  # the token positions its forward computed, padding included
     times: list[float] = field(default_factory=list)  # seconds from the request's start to its tokens' commit
+    offered: list[int] = field(default_factory=list)  # the draft's size before a budget's cut (prefill: 0)
+    expected: list[float | None] = field(default_factory=list)  # budget=auto: the tokens it was expected to commit
 
     def add(self, accepted: int, time: float, nodes: int = 0, depth: int = 0, info: dict | None = None,
-            rows: int = 0, slots: int = 0) -> None:
+            rows: int = 0, slots: int = 0, offered: int | None = None, expected: float | None = None) -> None:
         for lst, value in ((self.accept_lengths, accepted), (self.times, time), (self.nodes, nodes),
-                           (self.depths, depth), (self.info, info), (self.rows, rows), (self.slots, slots)):
+                           (self.depths, depth), (self.info, info), (self.rows, rows), (self.slots, slots),
+                           (self.offered, nodes if offered is None else offered), (self.expected, expected)):
             lst.append(value)
 
 
@@ -188,6 +196,7 @@ class _Row:
         self.first_step = False  # drafts_first: the prompt's last token is the first step's root (no prefill step)
         self.todo = self.filled = 0  # prompt tokens to prefill, and in the cache so far
         self.parts: list[tuple] = []  # the prompt chunks' (logits, states), where the proposer wants them all
+        self.draft_seconds = 0.0  # the last proposal's time
 
     @property
     def finished(self) -> bool:
@@ -276,9 +285,9 @@ class _Row:
         if self.answered:
             self.t2 = self.t1
 
-    def propose(self) -> Check:
+    def propose(self, asked: bool = True) -> Check:
         """2. A draft tree rooted at the newest token (not yet in the cache); past the answer (``ending``), rooted at
-        the tail's."""
+        the tail's. Not ``asked`` (a per-step budget): the root alone, the proposer not called."""
         context = self.ids[: self.n_prompt + len(self.new)]
         if self.answered:
             context = torch.cat([context, torch.tensor(self.tail, dtype=torch.long, device=self.engine.device)])
@@ -290,8 +299,13 @@ class _Row:
             token = self.forced.pop(0)
             self.new[-1] = token
             self.ids[self.n_prompt + len(self.new) - 1] = token
-        with self.timer("propose"):
-            draft = self.proposer.propose(context)
+        t = time.perf_counter()
+        if not asked:
+            draft = Draft(context[-1:], PLAIN.to(context.device), kept=[0])
+        else:
+            with self.timer("propose"):
+                draft = self.proposer.propose(context)
+        self.draft_seconds = time.perf_counter() - t
         if pending:  # the proposer drafts as ever; forcing: only the root is accepted (the step commits its bonus)
             reach = 0 if forcing else self.request.force[0] - len(self.new)
             if forcing or reach < draft.tree.max_depth:
@@ -302,9 +316,10 @@ class _Row:
                 draft.info = {**(draft.info or {}), "forced": True}
         return Check(draft, self.slot, self.sampler, len(self.new) + len(self.tail))
 
-    def settle(self, draft, result, rows: int, slots: int) -> None:
+    def settle(self, draft, result, rows: int, slots: int, plan=None) -> None:
         """4. Let the proposer learn from every node's logits, 5. commit the accepted drafts and the bonus token
-        (past the answer: keep them apart). ``rows``, ``slots``: the forward's rows and token positions."""
+        (past the answer: keep them apart). ``rows``, ``slots``: the forward's rows and token positions; ``plan``
+        what a budget did to the draft (``methods.budget.Plan``)."""
         ending = self.ending
         if ending is not None:  # the root counts where it was generated (a prompt's last token ends nothing)
             committed = (self.tail or self.new)[-1:] + result.new_tokens[:-1]
@@ -313,13 +328,16 @@ class _Row:
                                                      self.stop_ids)
             result.past_answer = self.answered
         with self.timer("update"):
-            self.proposer.update(draft, result)
+            if plan is None or plan.drafted:
+                self.proposer.update(draft, result)
+            else:
+                self.proposer.skipped(result)
         if self.answered:
             self.tail.extend(result.new_tokens)
             self.extra.append(len(result.new_tokens))
             return
         self.commit(result.new_tokens, nodes=draft.tree.size, depth=draft.acceptable_depth, info=draft.info, rows=rows,
-                    slots=slots)
+                    slots=slots, offered=plan.offered if plan else None, expected=plan.expected if plan else None)
         if self.answered:
             sync(self.engine.device)
             self.t2 = time.perf_counter()
@@ -340,7 +358,9 @@ class _Row:
                           step_info=log.info if any(i is not None for i in log.info) else None,
                           extra_forwards=self.extra if self.ending is not None else None, extra_time=t3 - self.t2,
                           first_token_time=self.first_token, clock=(self.t0, self.t2), step_times=log.times,
-                          batch_rows=log.rows if batched else None, forward_slots=log.slots if batched else None)
+                          batch_rows=log.rows if batched else None, forward_slots=log.slots if batched else None,
+                          offered_nodes=log.offered if log.offered != log.nodes else None,
+                          expected_lengths=log.expected if any(e is not None for e in log.expected) else None)
 
 
 Feed = Callable[[int, "tuple[Request, Generation] | None"], "Request | None"]
@@ -348,7 +368,7 @@ Feed = Callable[[int, "tuple[Request, Generation] | None"], "Request | None"]
 
 @torch.inference_mode()
 def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_ids: set[int],
-                 timer=nullcontext, prefill_chunk: int = 0, rows: list | None = None) -> None:
+                 timer=nullcontext, prefill_chunk: int = 0, rows: list | None = None, budget=None) -> None:
     """Decode requests in ``len(proposers)`` slots at once (continuous batching), token for token what vanilla
     decoding gives each of them alone.
 
@@ -367,10 +387,12 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     of a few tokens in a forward of many, where a prefill alone would stall them (Sarathi-Serve's chunked
     prefills, Agrawal et al., OSDI 2024). With one slot this is ``generate``'s loop exactly. ``rows`` (a list of
     one None per slot) is kept as each slot's request in flight, for a caller that saves how far they got
-    (``_Row.progress``).
+    (``_Row.progress``). ``budget`` (a ``methods.budget.Budget``: ``runtime.budget``, ``runtime.spec_off_above``)
+    cuts each step's drafts before the forward and learns from what it verified; its cut changes no token.
     """
     rows = [None] * len(proposers) if rows is None else rows  # the caller's list, where it wants to see the rows
     chunk = prefill_chunk if len(proposers) > 1 and engine.ragged else 0
+    pauses = [Pause() for _ in proposers]  # when a budget asks each slot's proposer to draft (methods.budget)
 
     def fill(slot: int, done) -> None:
         while (request := feed(slot, done)) is not None:
@@ -390,13 +412,24 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     while busy := [row for row in rows if row is not None]:
         filling = [row for row in busy if row.filling]
         stepping = [row for row in busy if not row.filling]
-        checks = [row.propose() for row in stepping]
+        plans = [None] * len(stepping)
+        if budget is not None and budget.active and stepping:
+            asked = budget.drafting([pauses[row.slot] for row in stepping])
+            checks = [row.propose(a) for row, a in zip(stepping, asked)]
+            drafts, plans = budget.plan([c.draft for c in checks], asked, [row.draft_seconds for row in stepping],
+                                        [pauses[row.slot] for row in stepping], len(proposers))
+            for c, d in zip(checks, drafts):
+                c.draft = d
+        else:
+            checks = [row.propose() for row in stepping]
         chunks = [row.chunk(chunk) for row in filling]
         first = busy[0].proposer  # one method: one top-k and hidden request for all
         results, fed = step_rows(engine, checks, chunks, timer, first.topk, first.wants_hidden)
         slots = engine.last_slots - sum(c.tokens.shape[0] for c in chunks)  # the drafts' positions, padding included
-        for row, check, result in zip(stepping, checks, results):
-            row.settle(check.draft, result, len(stepping), slots)
+        for row, check, result, plan in zip(stepping, checks, results, plans):
+            if plan is not None:
+                budget.learn(check.draft, result)
+            row.settle(check.draft, result, len(stepping), slots, plan)
         for row, c, (logits, states) in zip(filling, chunks, fed):
             row.fed(c, logits, states)
         for row in busy:
@@ -419,9 +452,9 @@ def generate(target, proposer: Proposer, prompt_ids: list[int], *, max_new_token
 
 
 def decode_all(engine: Engine, proposers: list[Proposer], requests: list[Request], *, stop_ids: set[int],
-               timer=nullcontext, prefill_chunk: int = 0) -> list[Generation]:
-    """``requests`` decoded in ``len(proposers)`` slots (``decode_batch``), a freed slot taking the next request in
-    order: their Generations, in the requests' order."""
+               timer=nullcontext, prefill_chunk: int = 0, budget=None) -> list[Generation]:
+    """``requests`` decoded in ``len(proposers)`` slots (``decode_batch``, ``budget`` its), a freed slot taking the
+    next request in order: their Generations, in the requests' order."""
     at = {id(r): i for i, r in enumerate(requests)}
     queue, out = list(requests), [None] * len(requests)
 
@@ -430,5 +463,5 @@ def decode_all(engine: Engine, proposers: list[Proposer], requests: list[Request
             out[at[id(done[0])]] = done[1]
         return queue.pop(0) if queue else None
 
-    decode_batch(engine, proposers, feed, stop_ids=stop_ids, timer=timer, prefill_chunk=prefill_chunk)
+    decode_batch(engine, proposers, feed, stop_ids=stop_ids, timer=timer, prefill_chunk=prefill_chunk, budget=budget)
     return out

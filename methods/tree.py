@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import operator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -46,6 +46,11 @@ class Tree:
     rank: torch.Tensor = field(repr=False)  # [n] long, index among siblings (root: 0)
     is_chain: bool = field(repr=False)  # parents == (-1, 0, 1, ..., n-2): plain causal attention suffices
     paths: tuple[tuple[int, ...], ...] = field(repr=False)  # paths[i]: node indices root..i, host-side
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        """``rank`` host-side: each node's index among its siblings (a per-step budget's key, ``Draft.keys``)."""
+        return self.rank.tolist()
 
     @property
     def size(self) -> int:

@@ -148,3 +148,47 @@ def test_batch_sweep_experiment_sweeps_five_batch_sizes_into_their_own_folders()
     folders = {_compose("experiment=batch_sweep", "method=tr", f"runtime.batch_size={b}",
                         return_hydra_config=True).hydra.job.override_dirname for b in (1, 2, 4, 8, 16)}
     assert folders == {f"runtime.batch_size={b}" for b in (1, 2, 4, 8, 16)}
+
+
+def budget_run(folder, size: int):
+    """PLD at batch size ``size`` under ``runtime.budget=auto``: 8 nodes drafted a step, its 5 verified, 3.5 tokens
+    predicted a step (it reached 4.5)."""
+    recs = records("pld", size)
+    for r in recs:
+        steps = len(r["choices"][0]["accept_lengths"])
+        r["choices"][0].update(offered_nodes=[0] + [8] * (steps - 1), expected_lengths=[None] + [3.5] * (steps - 1))
+        r["clock"]["segment"] += "-budget"
+    write_run(folder, "pld", recs)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["config"]["runtime"] = {"batch_size": size, "budget": "auto"}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_budget_is_its_own_line_with_its_drafts_and_its_odds(tmp_path):
+    """Runs of a method with and without a per-step budget: labelled apart, the budget's rows give the nodes drafted
+    and verified and the accept length predicted and reached, and budget_calibration is drawn; a run without one
+    shows none of it."""
+    for size in (1, 2):
+        for method in ("vanilla", "pld"):
+            batch_run(tmp_path / "runs" / method / f"b{size}", method, size)
+        budget_run(tmp_path / "runs" / "pld-budget" / f"b{size}", size)
+    out = tmp_path / "out"
+    batch = rp.report([str(tmp_path / "runs")], out)["batch"].set_index(["method", "batch_size"])
+    row, plain = batch.loc[("pld (budget=auto)", 2)], batch.loc[("pld", 2)]
+    assert (row["offered_nodes"], row["kept_nodes"]) == (8, 5)
+    assert (plain["offered_nodes"], plain["kept_nodes"]) == (5, 5)
+    assert row["expected_mat"] == 3.5 and row["realised_mat"] == 4.5  # PLD's steps after the prefill: 4 and 5
+    assert plain[["expected_mat", "realised_mat"]].isna().all()
+    md = (out / "batch_size_2.md").read_text()
+    assert "| Drafted | Verified | Predicted | Reached |" in md and "| 8.0 | 5.0 | 3.50 | 4.50 |" in md
+    assert all((out / f"budget_calibration.{ext}").stat().st_size > 1000 for ext in ("png", "pdf"))
+    assert "pld (budget=auto): above 1.0× up to B=2" in (out / "main_table.md").read_text()
+
+
+def test_the_budget_sweep_runs_each_method_with_and_without_it():
+    full = _compose("experiment=budget_sweep", return_hydra_config=True)
+    params = full.hydra.sweeper.params
+    assert str(params["runtime.budget"]).split(",") == ["off", "auto"] and full.bench.name == "spec_bench_sample"
+    folders = {_compose("experiment=budget_sweep", "method=pld", f"runtime.budget={p}", "runtime.batch_size=4",
+                        return_hydra_config=True).hydra.job.override_dirname for p in ("off", "auto")}
+    assert folders == {"runtime.batch_size=4,runtime.budget=off", "runtime.batch_size=4,runtime.budget=auto"}

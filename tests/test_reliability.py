@@ -215,6 +215,8 @@ def test_binary_and_malformed_files_are_one_line(tmp_path, run_error):
     (["runtime.batch_size=0"], "runtime.batch_size must be an integer of at least 1 (the turns decoded at once), "
                                "got 0"),
     (["runtime.batch_size=3", "bench.question_ids=[81,82]"], "runtime.batch_size=3 but the run has 2 question(s)"),
+    (["runtime.budget=sometimes"], "runtime.budget=sometimes is not a budget; use one of off, auto"),
+    (["runtime.spec_off_above=-2"], "runtime.spec_off_above=-2 must be a number of rows (0 or more) or null"),
     (["hydra.run.dir=/proc/self"], "cannot write to /proc/self"),  # exists, and no one may write there
 ])
 def test_bad_settings_are_one_line(run_error, args, message):

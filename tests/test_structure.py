@@ -24,7 +24,7 @@ LAYERS = {
         {"base", "engine.tuning"},
         {"engine.core"},
         {"engine.hf", "engine.static"},
-        {"engine", "verify"},
+        {"engine", "verify", "budget"},
         {"decode", "autotree", "heads", "heads.fit", "heads.eagle"},
         {"calibrate", "heads.eagle_train", "heads.medusa"},
         {"heads.hydra", "heads.eagle3", "proposers", "proposers.suffix"},

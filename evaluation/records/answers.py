@@ -26,6 +26,11 @@ Each line is one question::
                   "draft_depths": [0, 6, 6, ...],                      # ours, per step: deepest acceptable draft
                   "step_info": [null, {"drafter": "tr"}, ...],         # ours, where the method says something of
                                                                        # its steps (a hybrid: which drafter)
+                  "offered_nodes": [0, 81, 1, ...],                    # ours, per step, with a per-step budget
+                                                                       # (runtime.budget): nodes drafted before its
+                                                                       # cut (1: drafting not asked for)
+                  "expected_lengths": [null, 1.6, 1.0, ...],           # ours, per step, runtime.budget=auto: the
+                                                                       # accept length its odds predicted
                   "cpu_wait": [0.002, 0.001],                          # ours, per turn: seconds its threads waited
                                                                        # for a CPU (methods.machine.Load)
                   "cpu_others": [0.9, 1.0],                            # ours, per turn: cores other processes used

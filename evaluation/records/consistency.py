@@ -32,6 +32,15 @@ def paradigm_label(bench: dict | None) -> str | None:
     return ", ".join(parts) or None
 
 
+def budget_label(runtime: dict | None) -> str | None:
+    """``auto``, ``off above 4`` or ``auto, off above 4`` for a run with a per-step draft budget
+    (``runtime.budget``, ``runtime.spec_off_above``: ``methods.budget``); None for one without."""
+    r = runtime or {}
+    parts = (["auto"] if r.get("budget") == "auto" else []) + \
+        ([f"off above {r['spec_off_above']}"] if r.get("spec_off_above") is not None else [])
+    return ", ".join(parts) or None
+
+
 def sampling_label(sampling: dict | None) -> str | None:
     """``T=0.7 seed=1`` (with any top-k or top-p) for a run that sampled, None for a greedy one (or one from before
     sampling settings existed)."""

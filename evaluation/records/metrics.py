@@ -267,6 +267,8 @@ def batch_stats(records: list[dict]) -> dict:
     spans: dict[str, list[float]] = {}
     tokens, ttft, tpot = 0, [], []
     forwards = slots = real = 0.0
+    steps = offered = kept = 0
+    expected, realised = [], []
     size = None
     for r in records:
         c = r["choices"][0]
@@ -289,10 +291,26 @@ def batch_stats(records: list[dict]) -> dict:
                 forwards += 1 / r
                 slots += width / r
                 real += n
+        drafted = c.get("offered_nodes") or nodes  # a budget's: what was drafted before its cut
+        for n, o in zip(nodes, drafted):
+            if n:  # a step (the prefill's size is 0)
+                steps += 1
+                offered += o
+                kept += n
+        for e, a in zip(c.get("expected_lengths") or [], c.get("accept_lengths", [])):
+            if e is not None:
+                expected.append(e)
+                realised.append(a)
     seconds = sum(end - start for start, end in spans.values())
     out = {"batch_size": size, "throughput": tokens / seconds if spans and seconds > 0 else None,
            "forward_tokens": slots / forwards if forwards else None,
-           "padding": round(1 - real / slots, 9) + 0.0 if slots else None}  # no -0.0 from the 1/r fractions' sums
+           "padding": round(1 - real / slots, 9) + 0.0 if slots else None,  # no -0.0 from the 1/r fractions' sums
+           # a per-step budget (methods.budget): nodes drafted and verified per step, and the tokens the steps it chose
+           # were expected to commit against what they did (the calibration of its odds)
+           "offered_nodes": offered / steps if steps else None,
+           "kept_nodes": kept / steps if steps else None,
+           "expected_mat": float(np.mean(expected)) if expected else None,
+           "realised_mat": float(np.mean(realised)) if realised else None}
     for name, values in (("ttft", ttft), ("tpot", tpot)):
         v = np.array(values)
         out.update({f"{name}_mean": float(v.mean()) if len(v) else None,

@@ -19,6 +19,7 @@ from evaluation.reporting.collect import (
 from evaluation.reporting.figures import (
     plot_ablations,
     plot_accept_lengths,
+    plot_budget_calibration,
     plot_by_position,
     plot_depth_acceptance,
     plot_speedup,
@@ -130,6 +131,7 @@ def report(paths: list[str], out: Path, baseline: str | None = None, figures: bo
         files += plot_depth_acceptance(depths, out, env, bench_line(groups), groups)
         files += plot_temperatures(stats, groups, out, env)
         files += plot_speedup_vs_batch(batch, out, env, bench_line(groups))
+        files += plot_budget_calibration(groups, out, env)
     files.append(write_html(out, table, stats, groups, depths, drafters, files, [INTERVALS + "."] + notes, batch))
     return {"table": table, "stats": stats, "groups": groups, "depths": depths, "drafters": drafters,
             "batch": batch, "files": files, "notes": notes}

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.records.answers import ANSWERS, answer_file, read_answers, read_summary, separate_runs_note
-from evaluation.records.consistency import Side, check, paradigm_label, sampling_label
+from evaluation.records.consistency import Side, budget_label, check, paradigm_label, sampling_label
 from evaluation.records.metrics import load_stats
 from methods.common import HarnessError
 
 BASELINE = "vanilla"
-ALWAYS_SHOWN = ("reference", "paradigm")  # settings a row names whenever they are on: method.reference=true is another method
+# settings a row names whenever they are on: method.reference=true is another method, a budget another policy
+ALWAYS_SHOWN = ("reference", "paradigm", "budget")
 BATCH = "batch_size"  # the params key of a run's runtime.batch_size: rows and baselines are per batch size
 
 
@@ -116,6 +117,9 @@ def load_run(file: Path, label: str | None = None) -> Run:
         paradigm = paradigm_label(summary.get("config", {}).get("bench"))
         if paradigm:
             params["paradigm"] = paradigm
+        budget = budget_label(summary.get("config", {}).get("runtime"))
+        if budget and summary["method"] != BASELINE:  # vanilla drafts nothing a budget could cut
+            params["budget"] = budget
         params[BATCH] = Side(file.parent, summary, records).setting(BATCH)
         return Run(file, records, summary, summary["model"], label or summary["method"], params)
     models = sorted({str(r.get("model_id")) for r in records})
@@ -296,7 +300,7 @@ def _label_runs(runs: list[Run]) -> None:
                   or (k in ALWAYS_SHOWN and any(r.params.get(k) for r in group))]
         for r in group:
             shown = {k: str(r.params.get(k)) if k in ("sampling", "paradigm") else f"{k}={r.params.get(k)}"
-                     for k in differ if not (k in ("sampling", "paradigm") and r.params.get(k) is None)}
+                     for k in differ if not (k in ("sampling", "paradigm", "budget") and r.params.get(k) is None)}
             r.label = r.method + (" (" + ", ".join(shown.values()) + ")" if shown else "")
             shown.pop(BATCH, None)
             r.series = r.method + (" (" + ", ".join(shown.values()) + ")" if shown else "")

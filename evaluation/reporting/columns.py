@@ -86,6 +86,12 @@ METRICS = [
              tables=("batch",)) for name in ("TTFT", "TPOT") for stat in ("mean", "p50", "p90")),
     Column("forward_tokens", "Forward tokens", "forward_tokens", fmt=".1f", tables=("batch",)),
     Column("padding", "Padding", "padding", fmt=".1%", tables=("batch",)),
+    # a per-step budget (runtime.budget): the draft's nodes drafted and verified per step, the accept length its odds
+    # predicted for the steps it chose and the one they reached
+    Column("offered_nodes", "Drafted", "draft nodes drafted per step", fmt=".1f", tables=("batch",)),
+    Column("kept_nodes", "Verified", "draft nodes verified per step", fmt=".1f", tables=("batch",)),
+    Column("expected_mat", "Predicted", "accept length the budget predicted", tables=("batch",)),
+    Column("realised_mat", "Reached", "accept length those steps reached", tables=("batch",)),
     # reasoning workloads (evaluation.records.metrics.long_stats)
     Column("answers", "Answers", "answers", fmt="d", tables=("reasoning",)),
     Column("looping", "Looping", "looping questions", fmt="d", tables=("reasoning",)),

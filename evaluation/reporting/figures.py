@@ -368,7 +368,8 @@ def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: st
         t = t.sort_values("batch_size")
         name = f"{method} · {model}" if multi else method
         x, where = crossing[model, method]
-        ax.plot(t["batch_size"], t["speedup"], marker="o", ms=4, color=colour, label=f"{name}: {where}")
+        ax.plot(t["batch_size"], t["speedup"], marker="o", ms=4, color=colour, label=f"{name}: {where}",
+                ls=":" if "budget=" in method else "-")  # a per-step budget's line dotted beside its method's
         if x is not None:
             ax.plot([x], [1.0], marker="x", ms=9, mew=2, color=colour, ls="none")
     ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
@@ -382,6 +383,37 @@ def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: st
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, out, "speedup_vs_batch", footer + " · x: where a method's speedup falls below 1.0× "
                        "(interpolated on log2 of the batch size)")
+
+
+def plot_budget_calibration(groups: list[Group], out: Path, footer: str) -> list[Path]:
+    """``budget_calibration``: per run with a per-step budget that predicts (``runtime.budget=auto``,
+    ``methods.budget``), the mean accept length its steps reached against the one its odds predicted for them, by
+    bins of a quarter token, beside the diagonal of exact odds."""
+    series = []
+    for g in groups:
+        pairs = [(e, a) for r in g.records for c in r["choices"]
+                 for e, a in zip(c.get("expected_lengths") or [], c["accept_lengths"]) if e is not None]
+        if pairs:
+            series.append((g, pairs))
+    if not series:
+        return []
+    plt = figure_style()
+    fig, ax = plt.subplots(figsize=(5.8, 4.0))
+    multi, top = len({g.model for g, _ in series}) > 1, 1.0
+    for (g, pairs), colour in zip(series, colours([g.method for g, _ in series])):
+        bins: dict[float, list[int]] = {}
+        for e, a in pairs:
+            bins.setdefault(round(e * 4) / 4, []).append(a)
+        xs = sorted(bins)
+        ys = [float(np.mean(bins[x])) for x in xs]
+        top = max(top, *xs, *ys)
+        ax.plot(xs, ys, marker="o", ms=3, color=colour, label=f"{_series_name(g, multi)} ({len(pairs)} steps)")
+    ax.plot([1, top], [1, top], color="0.3", lw=0.8, ls="--")
+    ax.set_xlabel("accept length predicted (the budget's odds, bins of 0.25)")
+    ax.set_ylabel("accept length reached (mean)")
+    ax.set_title("Per-step draft budget: predicted against reached")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, out, "budget_calibration", footer + " · dashed: exact odds")
 
 
 def plot_by_position(long: pd.DataFrame, out: Path, footer: str, bench: str, bucket: int) -> list[Path]:

@@ -160,6 +160,17 @@ def prefill_chunk(cfg: DictConfig) -> int:
     return int_setting((cfg.get("runtime") or {}).get("prefill_chunk", 0), "runtime.prefill_chunk", 0)
 
 
+def budget_settings(cfg: DictConfig) -> tuple[str, int | None]:
+    """``runtime.budget`` and ``runtime.spec_off_above``, checked (absent: off, null): ``methods.budget``."""
+    from methods.budget import check_settings
+
+    runtime = cfg.get("runtime") or {}
+    policy, off_above = runtime.get("budget", "off"), runtime.get("spec_off_above")
+    policy = "off" if policy is False else policy  # YAML 1.1 reads an unquoted off as false
+    check_settings(policy, off_above)
+    return policy, off_above
+
+
 def sampling_settings(cfg: DictConfig):
     """The run's ``sampling.*`` (absent: greedy), checked: a ``methods.sampling.Sampling``."""
     from methods.sampling import Sampling

@@ -46,7 +46,8 @@ def summary(runner, cfg: DictConfig, status: str, questions: int, method: str | 
     return {"status": status, "model": runner.spec.name, "method": method or runner.method, "bench": cfg.bench.name,
             "questions": questions, **more, "config": OmegaConf.to_container(cfg, resolve=True),
             "environment": environment(runner.device, next(runner.model.parameters()).dtype),
-            "engine": runner.engine.summary(), "method_state": runner.proposer.summary()}
+            "engine": runner.engine.summary(), "method_state": runner.proposer.summary(),
+            **({"budget": runner.budget.summary()} if runner.budget.active else {})}
 
 
 def write_summary(out: Path, data: dict) -> None:

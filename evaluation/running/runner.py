@@ -30,6 +30,7 @@ from evaluation.running import folder
 from evaluation.running.config import (
     ModelSpec,
     batch_size,
+    budget_settings,
     config_mismatch,
     int_setting,
     method_params,
@@ -49,6 +50,8 @@ from evaluation.running.paradigms import paradigm
 from evaluation.running.prompts import check_template, describe, end_of_thinking_id, prompt_ids, thinking_marker
 from methods import machine
 from methods.base import Preparation, build_proposer, check_artefacts, check_method
+from methods.budget import Budget
+from methods.calibrate import budget_cost
 from methods.common import CACHE, HarnessError, load_torch_safe, save_torch_atomic, write_json_atomic
 from methods.decode import Generation, Progress, Request, decode_batch
 from methods.engine import build_engine
@@ -139,6 +142,7 @@ class Runner:
         self.spec = spec or model_spec(cfg)
         self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
         self.batch_size, self.prefill_chunk = batch_size(cfg), prefill_chunk(cfg)
+        policy, off_above = budget_settings(cfg)
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
         self.paradigm = paradigm(cfg.bench, self.sampling, [], self.spec.thinking)
@@ -160,7 +164,12 @@ class Runner:
         self.forced = self.tok(forced, add_special_tokens=False).input_ids if forced else None
         self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
                                           prompts=self.own_prompts, cache=CACHE, batch_size=self.batch_size))
-        self.engine.prepare(self.proposer.step_sizes())  # engine.compile: every step size, before any timing
+        self.budget = Budget(policy, off_above, budget_cost(self.engine, self.batch_size, self.spec.name, CACHE)[0]
+                             if policy == "auto" else None, self.engine.ragged)
+        steps = self.proposer.step_sizes()  # engine.compile: every step size, before any timing
+        if steps and self.budget.active:  # a budget's cut: any size up to the largest
+            steps = list(range(1, max(steps) + 1))
+        self.engine.prepare(steps)
         # one proposer per slot (Proposer.fork: what the batch shares, what each slot keeps for itself)
         self.proposers = [self.proposer] + [self.proposer.fork() for _ in range(self.batch_size - 1)]
         self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.records.metrics)
@@ -201,6 +210,9 @@ class Runner:
         if any(g.batch_rows for g in turns):  # batched: per step, the rows and token positions of its forward
             out["batch_rows"] = [r for g in turns for r in (g.batch_rows or [1] * len(g.accept_lengths))]
             out["forward_slots"] = [s for g in turns for s in (g.forward_slots or g.draft_nodes)]
+        if any(g.expected_lengths or g.offered_nodes for g in turns):  # a budget: nodes drafted, tokens expected
+            out["offered_nodes"] = [n for g in turns for n in (g.offered_nodes or g.draft_nodes)]
+            out["expected_lengths"] = [e for g in turns for e in (g.expected_lengths or [None] * len(g.draft_nodes))]
         if any(g.extra_forwards for g in turns):  # method.reference=true: forwards past the answer, counted apart
             out["extra_forwards"] = [g.extra_forwards or [] for g in turns]
             out["extra_time"] = [g.extra_time for g in turns]
@@ -277,7 +289,8 @@ class Runner:
             return request
 
         def snapshot(writing: int) -> dict:  # ``writing``: the question whose record is written next
-            out = {"slots": [p.state_dict() for p in slots], "finished": {}, "flight": {}}
+            out = {"slots": [p.state_dict() for p in slots], "finished": {}, "flight": {},
+                   "budget": self.budget.odds.state_dict()}  # the odds a budget has learned (methods.budget)
             for qid, f in finished.items():
                 if qid != writing:
                     out["finished"][qid] = {c: _plain(t) for c, t in f["choices"].items()}
@@ -324,15 +337,15 @@ class Runner:
             return turn_request(slot)
 
         decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer,
-                     prefill_chunk=self.prefill_chunk, rows=rows)
+                     prefill_chunk=self.prefill_chunk, rows=rows, budget=self.budget)
 
-    @staticmethod
-    def _restore(resume: dict, slots: list, questions: list[Question], finished: dict) -> dict[int, dict]:
+    def _restore(self, resume: dict, slots: list, questions: list[Question], finished: dict) -> dict[int, dict]:
         """Every slot's proposer state as ``resume`` saved it, the conversations finished of questions not yet
         written (into ``finished``), and the conversations in flight (``answer_all``): slot -> question, choice,
         answers, generations and loads of its turns so far, and how far its current turn got (``progress``: the
         slot's state goes with it) or the slot's state at the conversation's start (``start``)."""
         by_id = {q.question_id: q for q in questions}
+        self.budget.odds.load_state_dict(resume.get("budget", {}))
         for p, saved in zip(slots, resume["slots"]):
             p.load_state_dict(saved)
         for qid, choices in resume.get("finished", {}).items():
@@ -459,7 +472,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         kept = (f"{len(writer.done)} answer(s) kept in {out / ANSWERS}" if writer.done else "no answer had finished")
         raise KeyboardInterrupt(f"{kept}; rerun the same command to resume") from None
     summary.update(status="finished", finished=folder.now(), answered=len(writer.done),
-                   method_state=runner.proposer.summary(), engine=runner.engine.summary())
+                   method_state=runner.proposer.summary(), engine=runner.engine.summary(),
+                   **({"budget": runner.budget.summary()} if runner.budget.active else {}))
     folder.write_summary(out, summary)
     print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
     return out

@@ -32,6 +32,7 @@ rotary frequencies in fp32 (``fp32_rotary``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -104,6 +105,9 @@ class _Eagle(Proposer):
 
     def update(self, draft: Draft, result: Verification) -> None:
         self.pending = torch.cat([self.pending, result.hidden])
+
+    def skipped(self, result: Verification) -> None:
+        self.update(None, result)
 
     def _head(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, free: int,
               allowed: torch.Tensor) -> torch.Tensor:
@@ -191,7 +195,7 @@ class Eagle(_Eagle):
             top = self._children(self._logits(out), gen, fwd)  # [len(fwd), width]
             tokens[kids] = top[parent_row, rank[kids]]
         kv.truncate(self.cache, past)
-        return Draft(tokens, tree, q=self._q)
+        return Draft(tokens, tree, q=self._q, keys=tree.ranks)
 
     def _children(self, logits: torch.Tensor, gen, rows) -> torch.Tensor:
         """[m, width] candidate children of m nodes in the order they are tried: the head's top tokens, or with
@@ -278,7 +282,9 @@ class Eagle2(_Eagle):
         tree, order = Tree.breadth_first([-1] + [index[par[c]] for c in keep])
         chosen = [0] + keep
         tokens = torch.tensor([tok[chosen[i]] for i in order], device=self.device)
-        return Draft(tokens, tree.to(self.device))
+        # a node's key for a per-step budget: its head probability given its parent, in tenths
+        keys = [0] + [min(9, int(10 * math.exp(score[chosen[i]] - score[par[chosen[i]]]))) for i in order[1:]]
+        return Draft(tokens, tree.to(self.device), keys=keys)
 
     def step_sizes(self) -> list[int]:
         candidates = self.width + self.depth * self.width * self.width

@@ -109,6 +109,9 @@ class Hydra(Proposer):
     def update(self, draft: Draft, result: Verification) -> None:
         self.pending = torch.cat([self.pending, result.hidden])
 
+    def skipped(self, result: Verification) -> None:
+        self.update(None, result)
+
     def _feature(self, context: torch.Tensor) -> torch.Tensor:
         """``p`` [h]: the target's feature at the newest committed position, or (prefix-mlp) the prefix's output
         there, after feeding it the committed features it has not seen."""
@@ -132,7 +135,7 @@ class Hydra(Proposer):
             tokens[kids] = top[parent_row, self.tree.rank[kids]]
             if len(grow):
                 x = torch.cat([x[grow_row], self.embed(tokens[grow])], dim=-1)
-        return Draft(tokens, self.tree)
+        return Draft(tokens, self.tree, keys=self.tree.ranks)
 
     def step_sizes(self) -> list[int]:
         return [self.tree.size]

@@ -158,9 +158,11 @@ class Lookahead(Proposer):
                 built += [lv[j] for lv in self.levels[1:]]
         tokens = torch.tensor([built[i] for i in order], device=self.device)
         depth = (self.level - 1 - self.reference_bonus) if candidates else 0  # the window is never accepted
-        return Draft(tokens, tree.to(self.device), acceptable.to(self.device), depth=depth)
+        return Draft(tokens, tree.to(self.device), acceptable.to(self.device), depth=depth, whole=True)
 
     def update(self, draft: Draft, result: Verification) -> None:
+        if draft.kept is not None:  # a per-step budget verified none of it (a plain step): the window waits
+            return
         new = result.argmax[self._last].tolist()
         levels = self.levels
         if len(levels) == 1:  # the first step: level 1 is the greedy tokens after every level-0 token

@@ -67,6 +67,7 @@ class NgramIndex:
 
     def __init__(self, max_n: int):
         self.max_n, self.tokens, self.first = max_n, [], {}
+        self.matched = 0  # the last lookup's n
 
     def extend(self, tokens: list[int]) -> None:
         seq = self.tokens
@@ -81,10 +82,8 @@ class NgramIndex:
         seq, length = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, length - 1), 0, -1):
             start = self.first[tuple(seq[length - n:])] + n
-            if rule == "transformers":
-                if start < length:
-                    return start
-            elif start + num_pred <= length and start < length - n:
+            if (start < length) if rule == "transformers" else (start + num_pred <= length and start < length - n):
+                self.matched = n  # the match's length, a per-step budget's key (Draft.keys)
                 return start
         return None
 
@@ -129,7 +128,7 @@ class PromptLookup(Proposer):
             return Draft(context[-1:], Tree.chain(1).to(context.device))
         drafts = context[start: start + self.num_pred]
         return Draft(torch.cat([context[-1:], drafts]), Tree.chain(len(drafts) + 1).to(context.device),
-                     info={"reach": len(context) - start})
+                     info={"reach": len(context) - start}, keys=[0] + [self.index.matched] * len(drafts))
 
     def step_sizes(self) -> list[int]:
         return list(range(1, self.num_pred + 2))  # the root and 0..num_pred drafts

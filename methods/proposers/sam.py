@@ -316,14 +316,16 @@ class _Retrieving(Proposer):
             tree, order = Tree.breadth_first([-1] + [parent for parent, _ in nodes])
             tokens = [int(root)] + [token for _, token in nodes]
             return Draft(torch.tensor([tokens[i] for i in order], device=root.device), tree.to(root.device),
-                         info={"drafter": STATIC if nodes else "plain", "match": score})
+                         info={"drafter": STATIC if nodes else "plain", "match": score},
+                         keys=[0] + [self.key(score)] * (len(tokens) - 1))
         chain = self.retrieval.chain(match, self.cap(score)) if drafts else []
         if drafts and self.pads:
             chain += [0] * (self.cap(score) - len(chain))
         if chain and not self.merge:
             tokens = torch.cat([root, torch.tensor(chain, device=root.device)])
             return Draft(tokens, Tree.chain(len(tokens)).to(root.device), info={"drafter": match.source,
-                                                                                 "match": score, **self._reach(match)})
+                                                                                 "match": score, **self._reach(match)},
+                         keys=[0] + [self.key(score)] * len(chain))
         if self.drafter is None:
             return Draft(root, Tree.chain(1).to(root.device), info={"drafter": "plain", "match": score})
         draft = self.drafter.propose(context)
@@ -333,6 +335,12 @@ class _Retrieving(Proposer):
                          info={"drafter": f"{self.drafter.name}+{match.source}", "match": score})
         draft.info = {"drafter": self.drafter.name, "match": score}
         return draft
+
+    @staticmethod
+    def key(score: int) -> int:
+        """A retrieved node's key for a per-step budget (``Draft.keys``): its match score, from 32 on (apart from a
+        tree drafter's ranks)."""
+        return 32 + min(score, 31)
 
     def _reach(self, match: Match) -> dict:
         """How far back a chain of the request's own text was copied from (the tokens after its match's first
@@ -348,6 +356,10 @@ class _Retrieving(Proposer):
         self.accepted[who] += len(result.path) - 1
         if self.log is not None and who in (DYNAMIC, STATIC):
             self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1))
+
+    def skipped(self, result: Verification) -> None:
+        if self.drafter is not None:
+            self.drafter.skipped(result)
 
     def step_sizes(self) -> list[int]:
         most = self.longest if self.max_draft == AUTO else self.max_draft

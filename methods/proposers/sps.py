@@ -181,11 +181,13 @@ class SpS(Proposer):
             if d + 1 < self.gamma:
                 logits, _ = self.engine.forward(tops[-1][:1], last_only=True)
         self.forwarded = self.gamma - 1
-        return Draft(torch.cat([context[-1:], *tops]), chain_tree(self.gamma, self.k).to(context.device))
+        tree = chain_tree(self.gamma, self.k).to(context.device)
+        return Draft(torch.cat([context[-1:], *tops]), tree, keys=tree.ranks)
 
     def update(self, draft: Draft, result: Verification) -> None:
         # The path runs down the chain (nodes 1, 1 + k, 1 + 2k, ...), and may end at an alternative.
-        on_chain = sum(1 for node in result.path[1:] if (node - 1) % self.k == 0)
+        path = result.path if draft.kept is None else [draft.kept[i] for i in result.path]  # as drafted
+        on_chain = sum(1 for node in path[1:] if (node - 1) % self.k == 0)
         self.engine.commit(self.engine.length - self.forwarded, list(range(min(on_chain, self.forwarded))))
         if self.schedule == "heuristic":
             self.gamma = min(MAX_DRAFT, self.gamma + 2) if on_chain == self.gamma else max(1, self.gamma - 1)

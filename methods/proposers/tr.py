@@ -211,7 +211,7 @@ class TokenRecycling(Proposer):
         tokens[0] = context[-1]
         for lo, hi, parent, rank in self.levels:
             tokens[lo:hi] = self.M[tokens[parent], rank]
-        return Draft(tokens.clone(), self.tree)
+        return Draft(tokens.clone(), self.tree, keys=self.tree.ranks)
 
     def update(self, draft: Draft, result: Verification) -> None:
         """Every verified node's row, whoever drafted the tree (a hybrid's other drafter too), unless the

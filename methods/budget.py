@@ -1,0 +1,364 @@
+"""A per-step draft budget (``runtime.budget``, ``runtime.spec_off_above``): how much of each step's drafts the forward
+verifies.
+
+* ``budget=off`` (the default): every draft goes into the forward whole, as each method's reference verifies it.
+* ``budget=auto``: before each forward, the drafts of all busy rows are cut to the nodes that maximise the expected
+  tokens committed per second of that forward, ``(rows + sum of the kept nodes' odds) / cost(rows, tokens)``. This is
+  SmartSpec's goodput (Liu et al. 2024, arXiv 2406.14066: a batch's proposal length chosen per step from the expected
+  accepted tokens and the step's measured time), taken down to single nodes as EAGLE-2 ranks its draft tree's
+  nodes by their odds (Li et al. 2024, arXiv 2406.16858). A row may keep nothing (a plain step), a row may keep
+  everything; when nothing pays, the step is vanilla's.
+* ``spec_off_above=B``: plain steps while more than B rows are busy, the switch serving engines ship today (vLLM's
+  ``speculative_disable_by_batch_size``, ArcticInference's ``disable_by_batch_size``), for comparison.
+
+Cutting a draft never changes a token: the verifier accepts the longest path the target agrees with among the nodes
+it is given, and every token it commits is the target's own. The cut is prefix-closed (a node is kept with its
+parent), keeps a row's siblings in their order where the draft was sampled (``Draft.q``: the rejection rule tries a
+node's children in the order drawn), and keeps a draft that asks for it whole or not at all (``Draft.whole``:
+Lookahead's window, whose every node's logits its update reads). The proposer then learns from the draft it was
+verified with (``Draft.kept`` maps its nodes to those it proposed).
+
+The odds: a node's chance of being accepted given that its parent is, learned online over the run from what the
+verifier accepted, per depth and the proposer's score of the node (``Draft.keys``: TR's rank in the matrix row, the
+heads' ranks, EAGLE-2's head probability, PLD's and SAM's match length; none: depth only), shrunk towards the
+depth's rate and that towards a prior of ``PRIOR`` for the first steps (``Odds``). A node's odds of being on the
+accepted path are the product along its path, and the expected tokens a step commits are one (the bonus) plus their
+sum: greedy acceptance takes at most one child of each node, so the accepted nodes are one path.
+
+The cost: milliseconds of one verification forward of R rows of N tokens each through the run's engine, measured on
+a grid of R (powers of two up to the batch size) and N, fitted non-decreasing in N, cached per model, engine and
+machine kind (``methods.calibrate.budget_cost``); between grid points it is interpolated, R linearly and N on each
+row count's curve (``Cost``). A ragged engine (``Engine.ragged``: static) computes the rows' sizes unpadded, so a
+forward of rows of n_i tokens costs as R rows of their mean; a padded one (hf) computes every row of the engine at
+the widest row's size.
+
+The drafting is done before the cut, so what it costs is not in the choice; it decides whether a slot's proposer is
+asked for the next drafts (``Pause``): one whose drafts have not paid for their drafting rests, probing now and then,
+and hears of the steps it sat out (``Proposer.skipped``).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from methods.base import Draft, Verification
+from methods.common import HarnessError
+from methods.tree import Tree
+
+PRIOR = 0.5  # a node's odds given its parent's acceptance before anything is learned
+DEPTH_WEIGHT = 8.0  # pseudo-tries of the prior in a depth's rate
+KEY_WEIGHT = 8.0  # pseudo-tries of the depth's rate in a (depth, key) rate
+MAX_DEPTH = 32  # deeper nodes share the statistics of this depth
+MAX_KEY = 63  # larger keys share the statistics of this one
+POLICIES = ("off", "auto")
+FREE = 0.005  # drafting that takes less than this share of a token's time is never paused (Pause)
+
+
+class Odds:
+    """A draft node's probability of acceptance given its parent's, per (depth, key), learned from verifications.
+
+    ``p(d, k) = (hits[d, k] + KEY_WEIGHT * q(d)) / (tries[d, k] + KEY_WEIGHT)``, with the depth's rate
+    ``q(d) = (hits[d] + DEPTH_WEIGHT * PRIOR) / (tries[d] + DEPTH_WEIGHT)``: a try is a node whose parent was accepted,
+    a hit one that was accepted itself.
+
+    >>> odds = Odds()
+    >>> odds.p(1, 0)
+    0.5
+    >>> odds.learn((-1, 0, 0, 1), [0, 1, 1, 2], [0, 0, 1, 0], [True] * 4, [0, 1, 3])
+    >>> round(odds.p(1, 0), 4), round(odds.p(1, 1), 4), round(odds.p(2, 0), 4)
+    (0.5556, 0.4444, 0.6049)
+    """
+
+    def __init__(self):
+        self.hits: dict[tuple[int, int], float] = defaultdict(float)
+        self.tries: dict[tuple[int, int], float] = defaultdict(float)
+        self.depth_hits: dict[int, float] = defaultdict(float)
+        self.depth_tries: dict[int, float] = defaultdict(float)
+
+    def p(self, depth: int, key: int) -> float:
+        d, k = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY)
+        q = (self.depth_hits[d] + DEPTH_WEIGHT * PRIOR) / (self.depth_tries[d] + DEPTH_WEIGHT)
+        return (self.hits[d, k] + KEY_WEIGHT * q) / (self.tries[d, k] + KEY_WEIGHT)
+
+    def learn(self, parents, depths: list[int], keys: list[int], acceptable: list[bool], path: list[int]) -> None:
+        """One verification: the nodes of a draft (``parents``, ``depths``, ``keys``, ``acceptable``) and its
+        accepted ``path`` (node indices, root first)."""
+        on = set(path)
+        for i in range(1, len(parents)):
+            if parents[i] in on and acceptable[i]:
+                d, k = min(depths[i], MAX_DEPTH), min(max(keys[i], 0), MAX_KEY)
+                hit = float(i in on)
+                self.tries[d, k] += 1
+                self.hits[d, k] += hit
+                self.depth_tries[d] += 1
+                self.depth_hits[d] += hit
+
+    def state_dict(self) -> dict:
+        return {"hits": [[d, k, v] for (d, k), v in self.hits.items()],
+                "tries": [[d, k, v] for (d, k), v in self.tries.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__()
+        for name, depth_name in (("hits", "depth_hits"), ("tries", "depth_tries")):
+            for d, k, v in state.get(name, []):
+                getattr(self, name)[int(d), int(k)] = v
+                getattr(self, depth_name)[int(d)] += v
+
+
+class Cost:
+    """Milliseconds of a forward of ``rows`` rows computing ``slots`` token positions (their sizes' sum; a padded
+    engine: rows x the widest), from a grid measured per row count (``table``: rows -> {tokens per row: ms}).
+
+    >>> cost = Cost({1: {1: 10.0, 2: 12.0, 4: 20.0}, 4: {1: 30.0, 2: 40.0, 4: 80.0}})
+    >>> cost(1, 3), cost(4, 8), round(cost(2, 2), 3), round(cost(1, 8), 3)
+    (16.0, 40.0, 16.667, 36.0)
+    """
+
+    def __init__(self, table: dict[int, dict[int, float]]):
+        self.table = {int(r): {int(n): float(ms) for n, ms in points.items()} for r, points in table.items()}
+        self.curves = {r: _monotone(points) for r, points in self.table.items()}
+        self.row_counts = sorted(self.curves)
+
+    def __call__(self, rows: int, slots: float) -> float:
+        per = slots / rows
+        counts = self.row_counts
+        lo = max([r for r in counts if r <= rows], default=counts[0])
+        hi = min([r for r in counts if r >= rows], default=counts[-1])
+        a, b = _at(self.curves[lo], per), _at(self.curves[hi], per)
+        if hi == lo:
+            return a * rows / lo if rows > hi else a  # past the grid: as many forwards' worth more
+        return a + (b - a) * (rows - lo) / (hi - lo)
+
+
+def _monotone(points: dict[int, float]) -> list[tuple[int, float]]:
+    """(n, ms) sorted by n, made non-decreasing (adjacent violators pooled into their mean)."""
+    blocks: list[list] = []
+    for n, ms in sorted(points.items()):
+        blocks.append([ms, 1, [n]])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            blocks[-1][0] += last[0]
+            blocks[-1][1] += last[1]
+            blocks[-1][2] += last[2]
+    return [(n, b[0] / b[1]) for b in blocks for n in b[2]]
+
+
+def _at(curve: list[tuple[int, float]], n: float) -> float:
+    """The curve at ``n`` tokens per row: linear between its points, and past its ends along its last segment."""
+    if len(curve) == 1:
+        return curve[0][1]
+    for (n0, c0), (n1, c1) in zip(curve, curve[1:]):
+        if n <= n1:
+            return c0 + (c1 - c0) * (max(n, curve[0][0]) - n0) / (n1 - n0)
+    (n0, c0), (n1, c1) = curve[-2], curve[-1]
+    return c1 + (c1 - c0) * (n - n1) / (n1 - n0)
+
+
+@dataclass
+class Offer:
+    """One row's draft as the choice sees it, host-side."""
+
+    parents: tuple[int, ...]
+    depths: list[int]
+    keys: list[int]
+    acceptable: list[bool]
+    ordered: bool = False  # sampled children (Draft.q): a node only with its earlier siblings
+    whole: bool = False  # all of it or none of it (Draft.whole)
+
+    @staticmethod
+    def of(draft: Draft) -> "Offer":
+        tree = draft.tree
+        n = tree.size
+        return Offer(tree.parents, [len(p) - 1 for p in tree.paths], list(draft.keys) if draft.keys else [0] * n,
+                     draft.acceptable.tolist() if draft.acceptable is not None else [True] * n,
+                     draft.q is not None, draft.whole)
+
+    def values(self, odds: Odds) -> list[float]:
+        """Each node's odds of being on the accepted path (the root: 1; an unacceptable node: 0)."""
+        v = [1.0] * len(self.parents)
+        last_child: dict[int, int] = {}
+        for i in range(1, len(self.parents)):
+            parent = self.parents[i]
+            v[i] = v[parent] * odds.p(self.depths[i], self.keys[i]) if self.acceptable[i] else 0.0
+            if self.ordered and parent in last_child:
+                v[i] = min(v[i], v[last_child[parent]])
+            last_child[parent] = i
+        return v
+
+
+def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, float], float], ragged: bool = True,
+           engine_rows: int | None = None) -> tuple[list[tuple[list[int], float]], float]:
+    """Per row, the nodes to verify (root first, ascending) and the tokens the step is then expected to commit, for
+    the forward that maximises expected tokens per millisecond (module docstring); and that rate.
+
+    Items are the rows' nodes (a ``whole`` draft: one item of all its nodes), ranked by their expected tokens per
+    token forwarded; the forward takes the best prefix of that ranking (the empty one: every row a plain step).
+    A node never ranks above its parent (its odds are at most its parent's; ties go to the earlier node), so every
+    prefix is prefix-closed. ``ragged``: a forward costs its rows' total size; else ``engine_rows`` rows (all the
+    engine's) at the widest row's size.
+
+    >>> flat = lambda rows, slots: 10.0                      # a free forward (a GPU's flat curve): keep everything
+    >>> steep = lambda rows, slots: 10.0 * slots             # every token costs a plain step: keep nothing
+    >>> chain = Offer((-1, 0, 1), [0, 1, 2], [0, 0, 0], [True] * 3)
+    >>> [kept for kept, _ in choose([chain], Odds(), flat)[0]], [kept for kept, _ in choose([chain], Odds(), steep)[0]]
+    ([[0, 1, 2]], [[0]])
+    """
+    rows = len(offers)
+    values = [o.values(odds) for o in offers]
+    items = []  # (tokens gained per token forwarded, row, first node, nodes, gain)
+    for r, (o, v) in enumerate(zip(offers, values)):
+        if o.whole:
+            if len(v) > 1:
+                gain = sum(v[1:])
+                items.append((gain / (len(v) - 1), r, 1, list(range(1, len(v))), gain))
+        else:
+            items.extend((v[i], r, i, [i], v[i]) for i in range(1, len(v)) if v[i] > 0)
+    items.sort(key=lambda it: (-it[0], it[1], it[2]))
+    sizes, gained = [1] * rows, 0.0
+    total, widest = rows, 1
+
+    def rate() -> float:
+        slots = total if ragged else (engine_rows or rows) * widest
+        return (rows + gained) / cost(rows if ragged else (engine_rows or rows), slots)
+
+    best, best_m = rate(), 0
+    for m, (_, r, _, nodes, gain) in enumerate(items, start=1):
+        sizes[r] += len(nodes)
+        total += len(nodes)
+        widest = max(widest, sizes[r])
+        gained += gain
+        if (score := rate()) > best:
+            best, best_m = score, m
+    kept = [[0] for _ in range(rows)]
+    for _, r, _, nodes, _ in items[:best_m]:
+        kept[r].extend(nodes)
+    return [(sorted(k), 1.0 + sum(v[i] for i in k[1:])) for k, v in zip(kept, values)], best
+
+
+def cut(draft: Draft, kept: list[int]) -> Draft:
+    """``draft`` with its nodes ``kept`` only (ascending, root first, each with its parent): the tree, tokens,
+    acceptable mask, keys and sampled distributions of those, and ``kept`` recorded (``Draft.kept``)."""
+    if len(kept) == draft.tree.size:
+        return draft
+    index = {old: new for new, old in enumerate(kept)}
+    parents = draft.tree.parents
+    tree = Tree.from_parents([-1] + [index[parents[i]] for i in kept[1:]]).to(draft.tokens.device)
+    at = torch.tensor(kept, device=draft.tokens.device)
+    acceptable = draft.acceptable[at] if draft.acceptable is not None else None
+    if acceptable is not None:
+        deepest = [d for d, ok in zip(tree.depth.tolist(), acceptable.tolist()) if ok]
+        depth = max(deepest, default=0)
+    else:
+        depth = None if draft.depth is None else min(draft.depth, tree.max_depth)
+    return replace(draft, tokens=draft.tokens[at], tree=tree, acceptable=acceptable, depth=depth,
+                   q=draft.q[at] if draft.q is not None else None,
+                   keys=[draft.keys[i] for i in kept] if draft.keys else None, kept=kept)
+
+
+@dataclass
+class Plan:
+    """What the budget did to one row's draft this step, for the answer file."""
+
+    offered: int  # nodes the proposer drafted (the root included; 1: it was not asked to draft)
+    expected: float | None  # tokens the step was expected to commit (budget=auto), else None
+    drafted: bool = True  # False: the proposer was not asked (``Proposer.skipped``)
+
+
+class Pause:
+    """When a slot's proposer is asked to draft (``budget=auto``): always, until its drafts have not paid for their
+    drafting twice in a row (the tokens expected of what was kept worth less than the drafting's time at the
+    forward's rate, where that time is worth ``FREE`` tokens or more: a drafter that costs nothing is never paused);
+    then it rests ``wait`` steps (plain ones, drafting nothing) and drafts once more, a probe, ``wait`` doubling (up
+    to ``MAX_WAIT``) while probes do not pay and back to 1 when one does. A slot keeps its pause from one request to
+    the next: what drafting costs is the method's and the machine's.
+
+    >>> p = Pause()
+    >>> [p.drafts() and p.paid(False) is None for _ in range(6)]
+    [True, True, False, True, False, False]
+    """
+
+    MAX_WAIT = 64
+
+    def __init__(self):
+        self.left, self.wait, self.unpaid = 0, 1, 0
+
+    def drafts(self) -> bool:
+        if self.left:
+            self.left -= 1
+            return False
+        return True
+
+    def paid(self, paid: bool) -> None:
+        if paid:
+            self.wait, self.unpaid = 1, 0
+            return
+        self.unpaid += 1
+        if self.unpaid >= 2:
+            self.left = self.wait
+            self.wait = min(2 * self.wait, self.MAX_WAIT)
+
+
+class Budget:
+    """A run's draft budget (module docstring): ``plan`` cuts the step's drafts, ``learn`` takes each verification."""
+
+    def __init__(self, policy: str = "off", off_above: int | None = None, cost: Cost | None = None,
+                 ragged: bool = True):
+        if policy not in POLICIES:
+            raise HarnessError(f"runtime.budget={policy} is not a budget; use one of {', '.join(POLICIES)}")
+        if policy == "auto" and cost is None:
+            raise HarnessError("runtime.budget=auto needs the engine's cost (methods.calibrate.budget_cost)")
+        self.policy, self.off_above, self.cost, self.ragged = policy, off_above, cost, ragged
+        self.odds = Odds()
+        self.seconds = 0.0  # spent choosing, for the run summary
+
+    @property
+    def active(self) -> bool:
+        return self.policy == "auto" or self.off_above is not None
+
+    def drafting(self, pauses: list[Pause]) -> list[bool]:
+        """Whether each busy row's proposer is asked for a draft this step (``pauses``: the rows')."""
+        if self.off_above is not None and len(pauses) > self.off_above:
+            return [False] * len(pauses)
+        return [p.drafts() for p in pauses] if self.policy == "auto" else [True] * len(pauses)
+
+    def plan(self, drafts: list[Draft], drafted: list[bool], seconds: list[float], pauses: list[Pause],
+             engine_rows: int) -> tuple[list[Draft], list[Plan]]:
+        """The drafts to verify in this forward (``drafted``: which rows' proposers drafted theirs, in ``seconds``),
+        and what was done to each; each drafting row's ``Pause`` told whether its draft paid."""
+        t = time.perf_counter()
+        offered = [d.tree.size for d in drafts]
+        if self.policy != "auto":
+            return drafts, [Plan(n, None, asked) for n, asked in zip(offered, drafted)]
+        chosen, rate = choose([Offer.of(d) for d in drafts], self.odds, self.cost, self.ragged, engine_rows)
+        for (_, expected), asked, s, pause in zip(chosen, drafted, seconds, pauses):
+            if asked:  # its kept drafts' tokens against the drafting's time, in tokens at the forward's rate
+                worth = 1000 * s * rate
+                pause.paid(worth < FREE or expected - 1 > worth)
+        self.seconds += time.perf_counter() - t
+        return ([cut(d, kept) for d, (kept, _) in zip(drafts, chosen)],
+                [Plan(n, e, asked) for n, (_, e), asked in zip(offered, chosen, drafted)])
+
+    def learn(self, draft: Draft, result: Verification) -> None:
+        if self.policy != "auto" or draft.tree.size == 1 or result.past_answer:
+            return
+        o = Offer.of(draft)
+        self.odds.learn(o.parents, o.depths, o.keys, o.acceptable, result.path)
+
+    def summary(self) -> dict:
+        out = {"policy": self.policy, "spec_off_above": self.off_above, "seconds_choosing": round(self.seconds, 3)}
+        if self.cost is not None:
+            out["cost_ms"] = {str(r): {str(n): round(ms, 3) for n, ms in p.items()} for r, p in self.cost.table.items()}
+        return out
+
+
+def check_settings(policy: str, off_above) -> None:
+    """Refuse, before anything loads, a budget that is not one."""
+    if policy not in POLICIES:
+        raise HarnessError(f"runtime.budget={policy} is not a budget; use one of {', '.join(POLICIES)}")
+    if off_above is not None and (isinstance(off_above, bool) or not isinstance(off_above, int) or off_above < 0):
+        raise HarnessError(f"runtime.spec_off_above={off_above} must be a number of rows (0 or more) or null")
+
