@@ -209,10 +209,11 @@ class Proposer:
     def update(self, draft: Draft, result: Verification) -> None:
         pass
 
-    def skipped(self, result: Verification) -> None:
+    def skipped(self, draft: Draft, result: Verification) -> None:
         """A step that a per-step budget (``methods.budget``) took plain without asking for a draft (``propose`` and
-        ``update`` were not called): nothing by default, for a proposer that catches up on the committed context in
-        its next ``propose``; one that follows the target's features step by step takes the step's here."""
+        ``update`` were not called; ``draft`` is the root alone): nothing by default, for a proposer that catches up
+        on the committed context in its next ``propose``; one that follows the target's features step by step takes
+        the step's here, and Token Recycling the root's row."""
 
     def fork(self) -> "Proposer":
         """A proposer for another slot of a batch (``methods.decode.decode_batch``): it shares what is read-only or

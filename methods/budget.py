@@ -21,7 +21,7 @@ verified with (``Draft.kept`` maps its nodes to those it proposed).
 The odds: a node's chance of being accepted given that its parent is, learned online over the run from what the
 verifier accepted, per depth and the proposer's score of the node (``Draft.keys``: TR's rank in the matrix row, the
 heads' ranks, EAGLE-2's head probability, PLD's and SAM's match length; none: depth only), shrunk towards the
-depth's rate and that towards a prior of ``PRIOR`` for the first steps (``Odds``). A node's odds of being on the
+depth's rate and that towards a prior of ``PRIOR`` for the first steps, older evidence weighing less (``Odds``). A node's odds of being on the
 accepted path are the product along its path, and the expected tokens a step commits are one (the bonus) plus their
 sum: greedy acceptance takes at most one child of each node, so the accepted nodes are one path.
 
@@ -33,8 +33,9 @@ forward of rows of n_i tokens costs as R rows of their mean; a padded one (hf) c
 the widest row's size.
 
 The drafting is done before the cut, so what it costs is not in the choice; it decides whether a slot's proposer is
-asked for the next drafts (``Pause``): one whose drafts have not paid for their drafting rests, probing now and then,
-and hears of the steps it sat out (``Proposer.skipped``).
+asked for the next drafts (``Pause``): one whose drafts have not paid for their drafting rests, and hears of the steps
+it sat out (``Proposer.skipped``). Odds are learned only from what is verified, so a draft cut to nothing teaches
+nothing: after a rest a slot's draft is a probe, its best node verified whatever its odds.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ DEPTH_WEIGHT = 8.0  # pseudo-tries of the prior in a depth's rate
 KEY_WEIGHT = 8.0  # pseudo-tries of the depth's rate in a (depth, key) rate
 MAX_DEPTH = 32  # deeper nodes share the statistics of this depth
 MAX_KEY = 63  # larger keys share the statistics of this one
+DECAY = 0.99  # per step, the weight of what the odds learned before (about the last 100 steps count)
 POLICIES = ("off", "auto")
 FREE = 0.005  # drafting that takes less than this share of a token's time is never paused (Pause)
 
@@ -63,7 +65,9 @@ class Odds:
 
     ``p(d, k) = (hits[d, k] + KEY_WEIGHT * q(d)) / (tries[d, k] + KEY_WEIGHT)``, with the depth's rate
     ``q(d) = (hits[d] + DEPTH_WEIGHT * PRIOR) / (tries[d] + DEPTH_WEIGHT)``: a try is a node whose parent was accepted,
-    a hit one that was accepted itself.
+    a hit one that was accepted itself. Every step (``forget``) weighs what was learned before by ``DECAY`` less: a
+    drafter's accuracy drifts (Token Recycling's matrix fills, a passage to copy comes and goes), and odds learned low
+    drift back towards the prior while nothing is verified, so that the drafts are tried again.
 
     >>> odds = Odds()
     >>> odds.p(1, 0)
@@ -71,6 +75,10 @@ class Odds:
     >>> odds.learn((-1, 0, 0, 1), [0, 1, 1, 2], [0, 0, 1, 0], [True] * 4, [0, 1, 3])
     >>> round(odds.p(1, 0), 4), round(odds.p(1, 1), 4), round(odds.p(2, 0), 4)
     (0.5556, 0.4444, 0.6049)
+    >>> for _ in range(1000):
+    ...     odds.forget()
+    >>> round(odds.p(1, 0), 4)
+    0.5
     """
 
     def __init__(self):
@@ -78,28 +86,38 @@ class Odds:
         self.tries: dict[tuple[int, int], float] = defaultdict(float)
         self.depth_hits: dict[int, float] = defaultdict(float)
         self.depth_tries: dict[int, float] = defaultdict(float)
+        self.unit = 1.0  # what a try learned now counts, in the counts' units (1 / the weight of a count)
 
     def p(self, depth: int, key: int) -> float:
-        d, k = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY)
-        q = (self.depth_hits[d] + DEPTH_WEIGHT * PRIOR) / (self.depth_tries[d] + DEPTH_WEIGHT)
-        return (self.hits[d, k] + KEY_WEIGHT * q) / (self.tries[d, k] + KEY_WEIGHT)
+        d, k, w = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY), 1 / self.unit
+        q = (w * self.depth_hits[d] + DEPTH_WEIGHT * PRIOR) / (w * self.depth_tries[d] + DEPTH_WEIGHT)
+        return (w * self.hits[d, k] + KEY_WEIGHT * q) / (w * self.tries[d, k] + KEY_WEIGHT)
+
+    def forget(self) -> None:
+        """A step has passed: what was learned counts ``DECAY`` times less (new tries count more, the same)."""
+        self.unit /= DECAY
+        if self.unit > 1e9:  # bring the counts back to units of one try
+            for table in (self.hits, self.tries, self.depth_hits, self.depth_tries):
+                for key in table:
+                    table[key] /= self.unit
+            self.unit = 1.0
 
     def learn(self, parents, depths: list[int], keys: list[int], acceptable: list[bool], path: list[int]) -> None:
         """One verification: the nodes of a draft (``parents``, ``depths``, ``keys``, ``acceptable``) and its
         accepted ``path`` (node indices, root first)."""
-        on = set(path)
+        on, unit = set(path), self.unit
         for i in range(1, len(parents)):
             if parents[i] in on and acceptable[i]:
                 d, k = min(depths[i], MAX_DEPTH), min(max(keys[i], 0), MAX_KEY)
-                hit = float(i in on)
-                self.tries[d, k] += 1
+                hit = unit * (i in on)
+                self.tries[d, k] += unit
                 self.hits[d, k] += hit
-                self.depth_tries[d] += 1
+                self.depth_tries[d] += unit
                 self.depth_hits[d] += hit
 
     def state_dict(self) -> dict:
-        return {"hits": [[d, k, v] for (d, k), v in self.hits.items()],
-                "tries": [[d, k, v] for (d, k), v in self.tries.items()]}
+        return {"hits": [[d, k, v / self.unit] for (d, k), v in self.hits.items()],
+                "tries": [[d, k, v / self.unit] for (d, k), v in self.tries.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         self.__init__()
@@ -239,6 +257,24 @@ def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, float], float],
     return [(sorted(k), 1.0 + sum(v[i] for i in k[1:])) for k, v in zip(kept, values)], best
 
 
+def probe(offer: Offer, odds: Odds) -> tuple[list[int], float]:
+    """``choose``'s answer for one row that verifies its best node (with its ancestors; a whole draft: all of it),
+    whatever it costs: a probe (``Pause``). Nothing to verify (no node of any odds): the root alone."""
+    v = offer.values(odds)
+    best = max(range(1, len(v)), key=lambda i: (v[i], -i), default=None)
+    if best is None or v[best] <= 0:
+        return [0], 1.0
+    if offer.whole:
+        kept = list(range(len(v)))
+    else:
+        kept, node = [best], best
+        while offer.parents[node] != -1:
+            node = offer.parents[node]
+            kept.append(node)
+    kept.sort()
+    return kept, 1.0 + sum(v[i] for i in kept[1:])
+
+
 def cut(draft: Draft, kept: list[int]) -> Draft:
     """``draft`` with its nodes ``kept`` only (ascending, root first, each with its parent): the tree, tokens,
     acceptable mask, keys and sampled distributions of those, and ``kept`` recorded (``Draft.kept``)."""
@@ -269,30 +305,41 @@ class Plan:
 
 
 class Pause:
-    """When a slot's proposer is asked to draft (``budget=auto``): always, until its drafts have not paid for their
-    drafting twice in a row (the tokens expected of what was kept worth less than the drafting's time at the
-    forward's rate, where that time is worth ``FREE`` tokens or more: a drafter that costs nothing is never paused);
-    then it rests ``wait`` steps (plain ones, drafting nothing) and drafts once more, a probe, ``wait`` doubling (up
-    to ``MAX_WAIT``) while probes do not pay and back to 1 when one does. A slot keeps its pause from one request to
-    the next: what drafting costs is the method's and the machine's.
+    """When a slot's proposer is asked to draft (``budget=auto``), and when its draft is a probe.
+
+    A step's draft pays when the tokens expected of what was kept are worth more than the drafting's time at the
+    forward's rate. After two that do not, the slot rests ``wait`` steps, then its next draft is a probe: its best
+    node is verified whatever the odds say, so that odds learned low are tried again (what a drafter proposes changes:
+    Token Recycling's matrix fills, a copied passage comes round). ``wait`` doubles (up to ``MAX_WAIT``) while the
+    drafts do not pay and is back to 1 when one does. A resting slot's proposer is not asked to draft (plain steps),
+    unless its drafting is free (under ``FREE`` tokens' worth: PLD's lookup, TR's gather), when resting only spaces
+    the probes. A slot keeps its pause from one request to the next, for the run (``Budget.pauses``): what drafting
+    costs is the method's and the machine's.
 
     >>> p = Pause()
-    >>> [p.drafts() and p.paid(False) is None for _ in range(6)]
-    [True, True, False, True, False, False]
+    >>> [(p.drafts() and p.paid(False) is None, p.probe) for _ in range(6)]
+    [(True, False), (True, False), (False, False), (True, True), (False, False), (False, False)]
     """
 
-    MAX_WAIT = 64
+    MAX_WAIT = 256
 
     def __init__(self):
         self.left, self.wait, self.unpaid = 0, 1, 0
+        self.free = False  # the last drafting took under FREE tokens' worth
+        self.probe = self.due = False  # this step's draft is a probe; the next one is
 
     def drafts(self) -> bool:
+        """Whether the proposer is asked for this step's draft."""
         if self.left:
             self.left -= 1
-            return False
+            self.probe, self.due = False, self.due or not self.left
+            return self.free
+        self.probe, self.due = self.due, False
         return True
 
-    def paid(self, paid: bool) -> None:
+    def paid(self, paid: bool, free: bool = False) -> None:
+        """Whether this step's draft paid for its drafting, and whether that drafting was free."""
+        self.free = free
         if paid:
             self.wait, self.unpaid = 1, 0
             return
@@ -313,6 +360,7 @@ class Budget:
             raise HarnessError("runtime.budget=auto needs the engine's cost (methods.calibrate.budget_cost)")
         self.policy, self.off_above, self.cost, self.ragged = policy, off_above, cost, ragged
         self.odds = Odds()
+        self.pauses: dict[int, Pause] = defaultdict(Pause)  # per slot, for the whole run (Pause)
         self.seconds = 0.0  # spent choosing, for the run summary
 
     @property
@@ -333,11 +381,16 @@ class Budget:
         offered = [d.tree.size for d in drafts]
         if self.policy != "auto":
             return drafts, [Plan(n, None, asked) for n, asked in zip(offered, drafted)]
-        chosen, rate = choose([Offer.of(d) for d in drafts], self.odds, self.cost, self.ragged, engine_rows)
-        for (_, expected), asked, s, pause in zip(chosen, drafted, seconds, pauses):
-            if asked:  # its kept drafts' tokens against the drafting's time, in tokens at the forward's rate
-                worth = 1000 * s * rate
-                pause.paid(worth < FREE or expected - 1 > worth)
+        self.odds.forget()
+        offers = [Offer.of(d) for d in drafts]
+        chosen, rate = choose(offers, self.odds, self.cost, self.ragged, engine_rows)
+        for r, (offer, asked, s, pause) in enumerate(zip(offers, drafted, seconds, pauses)):
+            if not asked:
+                continue
+            if pause.probe and chosen[r][0] == [0]:
+                chosen[r] = probe(offer, self.odds)
+            worth = 1000 * s * rate  # the drafting's time, in tokens at the forward's rate
+            pause.paid(chosen[r][1] - 1 > worth, worth < FREE)
         self.seconds += time.perf_counter() - t
         return ([cut(d, kept) for d, (kept, _) in zip(drafts, chosen)],
                 [Plan(n, e, asked) for n, (_, e), asked in zip(offered, chosen, drafted)])

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 import torch
 
 from methods.base import Draft, Proposer
-from methods.budget import Pause
 from methods.engine import Engine, HFEngine
 from methods.engine.ops import sync
 from methods.tree import Tree
@@ -331,7 +330,7 @@ class _Row:
             if plan is None or plan.drafted:
                 self.proposer.update(draft, result)
             else:
-                self.proposer.skipped(result)
+                self.proposer.skipped(draft, result)
         if self.answered:
             self.tail.extend(result.new_tokens)
             self.extra.append(len(result.new_tokens))
@@ -392,7 +391,6 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
     """
     rows = [None] * len(proposers) if rows is None else rows  # the caller's list, where it wants to see the rows
     chunk = prefill_chunk if len(proposers) > 1 and engine.ragged else 0
-    pauses = [Pause() for _ in proposers]  # when a budget asks each slot's proposer to draft (methods.budget)
 
     def fill(slot: int, done) -> None:
         while (request := feed(slot, done)) is not None:
@@ -414,10 +412,11 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
         stepping = [row for row in busy if not row.filling]
         plans = [None] * len(stepping)
         if budget is not None and budget.active and stepping:
-            asked = budget.drafting([pauses[row.slot] for row in stepping])
+            pauses = [budget.pauses[row.slot] for row in stepping]  # when it asks each slot's proposer to draft
+            asked = budget.drafting(pauses)
             checks = [row.propose(a) for row, a in zip(stepping, asked)]
             drafts, plans = budget.plan([c.draft for c in checks], asked, [row.draft_seconds for row in stepping],
-                                        [pauses[row.slot] for row in stepping], len(proposers))
+                                        pauses, len(proposers))
             for c, d in zip(checks, drafts):
                 c.draft = d
         else:

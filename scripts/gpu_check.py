@@ -14,7 +14,9 @@ before it starts, goes on past a failing step, and writes its log and one CSV pe
    step within 1.5x the floor, the paper tree's 81 tokens within 1.3x vanilla's step, 16k within 1.3x of 512),
    and TR's projected speedup (``--mat``, default the paper's Vicuna-7B MAT 2.70) per engine.
 3. ``batch`` (``batch_cost.csv``): one eager forward verifying B = 1, 4, 16, 64 rows of N = 1, 8, 32, 81 tokens
-   after 512 cached ones per row (random Vicuna-7B), and per B the paper tree's and tree=auto's projections.
+   after 512 cached ones per row (random Vicuna-7B), and per B the paper tree's, tree=auto's and ``budget=auto``'s
+   projections (``methods.budget`` cutting every row's paper tree with this table as its cost and the acceptance
+   table as its odds: the cost model the controller reads on this device).
 4. ``lossless`` (``methods.csv``): every registered method (its ``example()`` settings: random heads, a one-layer
    drafter) on tiny random models built on the CPU and moved (``tiny``), against transformers' greedy
    ``generate`` on the CPU in fp32: Llama-3 in fp32 on the static engine with CUDA graphs, eager and the hf engine,
@@ -55,6 +57,7 @@ if str(ROOT) not in sys.path:  # run as a file, too
 from evaluation.records.equality import classify  # noqa: E402
 from methods.autotree import choose_tree, cost_curve, measure_cost  # noqa: E402
 from methods.base import build_proposer, registry  # noqa: E402
+from methods.budget import Cost, Offer, choose  # noqa: E402
 from methods.calibrate import SHIPPED, calibration_name  # noqa: E402
 from methods.common import CACHE  # noqa: E402
 from methods.decode import generate  # noqa: E402
@@ -62,6 +65,7 @@ from methods.engine import HFEngine, StaticEngine  # noqa: E402
 from methods.engine.core import sdpa_backend, sdpa_choice  # noqa: E402
 from methods.engine.ops import sync  # noqa: E402
 from methods.sampling import Sampler, Sampling  # noqa: E402
+from methods.tree import load_template  # noqa: E402
 from scripts.shapes import random_model  # noqa: E402
 
 EXAMPLES = ROOT / "data/cache/gpu_check"  # what a method's example needs on disk (REST's datastore of PROMPTS)
@@ -430,6 +434,28 @@ def cost(check: Check, shapes, sizes, contexts, repeats: int, mat: float) -> str
     return "ok"
 
 
+class TableOdds:
+    """A draft node's odds from an acceptance table (``p[depth - 1][rank]``), for ``methods.budget.choose``."""
+
+    def __init__(self, accept: list[list[float]]):
+        self.accept = accept
+
+    def p(self, depth: int, key: int) -> float:
+        row = self.accept[min(depth, len(self.accept)) - 1]
+        return row[key] if key < len(row) else 0.0
+
+
+def budget_projection(accept: list[list[float]], measured: list[dict], rows: int) -> tuple[float, float]:
+    """``runtime.budget=auto`` on ``rows`` rows each drafting TR's paper tree, with ``measured`` (``measure_cost`` at
+    that many rows) as its cost and ``accept`` as its odds: (the tokens per second it expects over a plain step's,
+    the nodes a row keeps)."""
+    cost = Cost({rows: {r["tokens"]: r["ms_min"] for r in measured}})
+    tree = load_template("paper")
+    offer = Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
+    chosen, rate = choose([offer] * rows, TableOdds(accept), cost)
+    return rate / (rows / cost(rows, rows)), sum(len(kept) for kept, _ in chosen) / rows
+
+
 def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: int, mat: float) -> str:
     """One eager static-engine forward verifying B rows of N tokens each (a star tree per row, each row after its
     own ``context`` cached tokens), and per B the paper tree's projection at ``mat`` and tree=auto's choice."""
@@ -439,7 +465,8 @@ def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: 
     engine = StaticEngine(model, compile=False)
     print(f"{shape}: ms per eager forward of B rows x N tokens after {context} cached per row, and TR's projected "
           f"speedup (paper tree at MAT {mat}; tree=auto)")
-    print(f"{'B':>4} " + "".join(f"{n:>9}" for n in sizes) + f"{'paper':>8}{'auto':>7}  auto drafts")
+    print(f"{'B':>4} " + "".join(f"{n:>9}" for n in sizes) + f"{'paper':>8}{'auto':>7}{'budget':>8}  auto drafts, "
+          f"budget nodes per row")
     rows = []
     for b in batches:
         if check.left() < 20:
@@ -449,11 +476,13 @@ def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: 
         curve = cost_curve(measured)
         paper = round(mat * curve[1] / curve[PAPER_NODES], 3) if max(curve) >= PAPER_NODES else ""
         auto = choose_tree(accept, curve, 8)
+        budget, kept = budget_projection(accept, measured, b)
         rows += [{"batch": b, "nodes": r["tokens"], "tokens_per_forward": b * r["tokens"], "ms": round(r["ms"], 4),
                   "ms_min": round(r["ms_min"], 4), "paper_speedup": paper, "auto_drafts": auto["drafts"],
-                  "auto_speedup": round(auto["expected_speedup"], 3)} for r in measured]
+                  "auto_speedup": round(auto["expected_speedup"], 3), "budget_speedup": round(budget, 3),
+                  "budget_nodes_per_row": round(kept, 2)} for r in measured]
         print(f"{b:>4} " + "".join(f"{r['ms']:>9.2f}" for r in measured) + (f"{paper:>8.2f}" if paper else f"{'-':>8}")
-              + f"{auto['expected_speedup']:>7.2f}  {auto['drafts']}", flush=True)
+              + f"{auto['expected_speedup']:>7.2f}{budget:>8.2f}  {auto['drafts']}, {kept:.1f}", flush=True)
     check.csv("batch_cost.csv", rows)
     del engine, model
     if dev.type == "cuda":

@@ -152,7 +152,8 @@ def test_every_method_is_lossless_under_the_budget_at_every_batch_size(tiny_mode
     proposer told so: ``Proposer.skipped``, counted here)."""
     cls = registry()[method]
     skipped = []
-    monkeypatch.setattr(cls, "skipped", lambda self, result, _own=cls.skipped: skipped.append(1) or _own(self, result))
+    monkeypatch.setattr(cls, "skipped", lambda self, draft, result, _own=cls.skipped: skipped.append(1) or
+                        _own(self, draft, result))
     monkeypatch.setattr(budget_module, "FREE", 0.0)  # any drafting's time counts: a draft cut to nothing pauses it
     layers = max(2, cls.min_layers)
     model = tiny_models(layers)

@@ -151,6 +151,8 @@ def test_gpu_check_dry_run(tmp_path):
     assert [(int(r["batch"]), int(r["nodes"])) for r in batched] == [(b, n) for b in (1, 2) for n in (1, 4, 81)]
     assert all(float(r["ms"]) > 0 and int(r["tokens_per_forward"]) == int(r["batch"]) * int(r["nodes"])
                and float(r["paper_speedup"]) > 0 and float(r["auto_speedup"]) >= 1 for r in batched)
+    # budget=auto's projection: never below a plain step's rate in its own model, a row keeping 1 to 81 nodes
+    assert all(float(r["budget_speedup"]) >= 1 and 1 <= float(r["budget_nodes_per_row"]) <= 81 for r in batched)
     runs = rows(tmp_path / "methods.csv")
     assert {r["method"] for r in runs} == set(known_methods())  # every registered one
     assert {(r["arch"].split()[0], r["dtype"], r["engine"]) for r in runs if "inductor" not in r["engine"]} == \

@@ -529,7 +529,7 @@ def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter
         def checkpoint(snapshot: dict) -> None:
             """Saved before each answer, where the method keeps state: a resumed run goes on from this point as this
             one does, its questions in flight too (``Runner.answer_all``)."""
-            if any(snapshot["slots"]):
+            if any(snapshot["slots"]) or snapshot["budget"]["tries"]:  # state, or a budget's learned odds
                 save_torch_atomic(state_file, {"answered": len(writer.done) + 1, "snapshot": snapshot})
 
         def done(rec: dict) -> None:

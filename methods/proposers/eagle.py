@@ -106,8 +106,8 @@ class _Eagle(Proposer):
     def update(self, draft: Draft, result: Verification) -> None:
         self.pending = torch.cat([self.pending, result.hidden])
 
-    def skipped(self, result: Verification) -> None:
-        self.update(None, result)
+    def skipped(self, draft: Draft, result: Verification) -> None:
+        self.update(draft, result)
 
     def _head(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, free: int,
               allowed: torch.Tensor) -> torch.Tensor:

@@ -109,8 +109,8 @@ class Hydra(Proposer):
     def update(self, draft: Draft, result: Verification) -> None:
         self.pending = torch.cat([self.pending, result.hidden])
 
-    def skipped(self, result: Verification) -> None:
-        self.update(None, result)
+    def skipped(self, draft: Draft, result: Verification) -> None:
+        self.update(draft, result)
 
     def _feature(self, context: torch.Tensor) -> torch.Tensor:
         """``p`` [h]: the target's feature at the newest committed position, or (prefix-mlp) the prefix's output

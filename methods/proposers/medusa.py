@@ -83,8 +83,8 @@ class Medusa(Proposer):
     def update(self, draft: Draft, result: Verification) -> None:
         self.feature = result.hidden[-1]  # the last accepted node's: the new root is its next token
 
-    def skipped(self, result: Verification) -> None:
-        self.update(None, result)
+    def skipped(self, draft: Draft, result: Verification) -> None:
+        self.update(draft, result)
 
     def propose(self, context: torch.Tensor) -> Draft:
         top = self.heads(self.feature, self.lm_head, self.tree.max_depth).topk(self.width, dim=-1).indices

@@ -357,9 +357,9 @@ class _Retrieving(Proposer):
         if self.log is not None and who in (DYNAMIC, STATIC):
             self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1))
 
-    def skipped(self, result: Verification) -> None:
+    def skipped(self, draft: Draft, result: Verification) -> None:
         if self.drafter is not None:
-            self.drafter.skipped(result)
+            self.drafter.skipped(draft, result)
 
     def step_sizes(self) -> list[int]:
         most = self.longest if self.max_draft == AUTO else self.max_draft

@@ -222,6 +222,10 @@ class TokenRecycling(Proposer):
         if draft.tree is self.tree and not result.past_answer:
             self.node_accepts[result.path] += 1
 
+    def skipped(self, draft: Draft, result: Verification) -> None:
+        """A plain step a per-step budget took without a draft: the root's row, from its logits."""
+        self.update(draft, result)
+
     def _write(self, tokens: torch.Tensor, top: torch.Tensor) -> None:
         """``M[tokens[i]] = top[i]`` (the top-K successors at position i) for all i; duplicates: the last i wins.
 
