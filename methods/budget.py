@@ -21,9 +21,10 @@ verified with (``Draft.kept`` maps its nodes to those it proposed).
 The odds: a node's chance of being accepted given that its parent is, learned online over the run from what the
 verifier accepted, per depth and the proposer's score of the node (``Draft.keys``: TR's rank in the matrix row, the
 heads' ranks, EAGLE-2's head probability, PLD's and SAM's match length; none: depth only), shrunk towards the
-depth's rate and that towards a prior of ``PRIOR`` for the first steps, older evidence weighing less (``Odds``). A node's odds of being on the
-accepted path are the product along its path, and the expected tokens a step commits are one (the bonus) plus their
-sum: greedy acceptance takes at most one child of each node, so the accepted nodes are one path.
+depth's rate and that towards a prior of ``PRIOR`` for the first steps, older evidence weighing less (``Odds``). A
+node's odds of being on the accepted path are the product along its path, and the expected tokens a step commits
+are one (the bonus) plus their sum: greedy acceptance takes at most one child of each node, so the accepted nodes
+are one path.
 
 The cost: milliseconds of one verification forward of R rows of N tokens each through the run's engine, measured on
 a grid of R (powers of two up to the batch size) and N, fitted non-decreasing in N, cached per model, engine and

@@ -182,7 +182,7 @@ def test_a_budget_is_its_own_line_with_its_drafts_and_its_odds(tmp_path):
     md = (out / "batch_size_2.md").read_text()
     assert "| Drafted | Verified | Predicted | Reached |" in md and "| 8.0 | 5.0 | 3.50 | 4.50 |" in md
     assert all((out / f"budget_calibration.{ext}").stat().st_size > 1000 for ext in ("png", "pdf"))
-    assert "pld (budget=auto): above 1.0× up to B=2" in (out / "main_table.md").read_text()
+    assert "pld (budget=auto) above 1.0× up to B=2" in (out / "main_table.md").read_text()
 
 
 def test_the_budget_sweep_runs_each_method_with_and_without_it():

@@ -71,7 +71,7 @@ def test_a_misspelt_key_names_the_known_ones(monkeypatch, capsys, tmp_path, args
     (["method=trr"], "method=trr: no such method (did you mean tr?); known: eagle, eagle2, eagle3, hydra,"),
     (["bench=spec_bench_smok"], "bench=spec_bench_smok: no such bench (did you mean spec_bench_smoke?); known: "
                                 "spec_bench, spec_bench_sample, spec_bench_smoke"),
-    (["experiment=tr-k"], "experiment=tr-k: no such experiment (did you mean tr_k?); known: batch_sweep, paper_table,"),
+    (["experiment=tr-k"], "experiment=tr-k: no such experiment (did you mean tr_k?); known: batch_sweep, budget_sweep, paper_table,"),
 ])
 def test_an_unknown_option_is_one_line_with_the_known_ones(monkeypatch, capsys, tmp_path, args, message):
     assert command_error(monkeypatch, capsys, tmp_path, *args).startswith(f"error: {message}")
