@@ -5,6 +5,7 @@ registry, the engines, the one decode loop); nothing here decodes on its own.
 
     decoder = load("smollm2-135m", "tr", tree="auto")      # a configured model by name (conf/model/), or
     decoder = Decoder(model, tokenizer, "pld")              # any transformers causal LM already loaded
+    decoder = Decoder(model, tokenizer, "eagle2", batch_size=8, budget="auto")  # drafts cut per step to what pays
     result = decoder.generate("Why is the sky blue?", max_new_tokens=64)
     result.text, result.tokens, result.accept_lengths, result.seconds, result.mat
     results = decoder.generate(["First prompt", [1, 2, 3]], temperature=0.7, seed=1)   # a batch: text or token ids
@@ -28,6 +29,8 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from methods.base import Preparation, build_proposer, check_method
+from methods.budget import Budget, check_settings
+from methods.calibrate import budget_cost
 from methods.common import CACHE, HarnessError
 from methods.decode import Generation, Request, decode_all
 from methods.engine import build_engine
@@ -60,13 +63,16 @@ class Decoder:
     ``batch_size``: the slots decoded at once (continuous batching; a method that sizes its drafts for the device,
     ``tree=auto`` say, measures at this size). ``prompt``: text -> token ids (default: the tokenizer's chat template
     with one user turn, or the plain text where it has none). ``name``: the model's name in the cache of what a
-    method measures once (``tree=auto``'s calibration)."""
+    method measures once (``tree=auto``'s calibration). ``budget`` and ``spec_off_above``: the per-step draft budget,
+    as ``runtime.budget`` and ``runtime.spec_off_above`` (``methods.budget``; ``auto`` measures the engine's cost grid
+    once per machine kind, at the first decode)."""
 
     def __init__(self, model, tokenizer=None, method: str = "vanilla", *, engine: str = "static",
                  engine_params: dict | None = None, batch_size: int = 1, prompt=None, name: str | None = None,
-                 **params):
+                 budget: str = "off", spec_off_above: int | None = None, **params):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise HarnessError(f"batch_size must be an integer of at least 1, got {batch_size!r}")
+        check_settings(budget, spec_off_above)
         check_method(method, params)  # a bad name or parameter: the configs' own one line, before anything is built
         self.model, self.tokenizer, self.method, self.params = model, tokenizer, method, params
         self.device = next(model.parameters()).device
@@ -76,13 +82,17 @@ class Decoder:
         self.name = name or model_name(model)
         self.stop_ids = stop_ids(model.generation_config.eos_token_id, tokenizer)
         self.batch_size = batch_size
+        self.budget_settings = budget, spec_off_above
         self._proposers: list = []
+        self._budget: Budget | None = None
 
     def using(self, method: str, **params) -> "Decoder":
         """Another method on the same model, tokenizer, prompt format and engine settings."""
         engine = dict(self.engine_params)
+        budget, above = self.budget_settings
         return Decoder(self.model, self.tokenizer, method, engine=engine.pop("name"), engine_params=engine,
-                       batch_size=self.batch_size, prompt=self._prompt, name=self.name, **params)
+                       batch_size=self.batch_size, prompt=self._prompt, name=self.name, budget=budget,
+                       spec_off_above=above, **params)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         """A prompt's token ids: token ids as they are; text through ``prompt``, the chat template or plain."""
@@ -113,13 +123,20 @@ class Decoder:
         return [self.encode(text) for text in calibration_prompts(n)]
 
     def proposers(self, n: int) -> list:
-        """``n`` slots' proposers: the first built and prepared once (before any timing), the others forked."""
+        """``n`` slots' proposers: the first built and prepared once (before any timing), the others forked; with
+        them the decoder's budget (``budget``)."""
         if not self._proposers:
             first = build_proposer(self.method, self.params, vocab_size=self.model.config.vocab_size,
                                    device=self.device, target=self.model)
             first.prepare(Preparation(engine=self.engine, model_name=self.name, stop_ids=self.stop_ids,
                                       prompts=self._own_prompts, cache=CACHE, batch_size=self.batch_size))
-            self.engine.prepare(first.step_sizes())
+            policy, above = self.budget_settings
+            cost = budget_cost(self.engine, self.batch_size, self.name, CACHE)[0] if policy == "auto" else None
+            self._budget = Budget(policy, above, cost, self.engine.ragged)
+            steps = first.step_sizes()
+            if steps and self._budget.active:  # a budget's cut: any size up to the largest
+                steps = list(range(1, max(steps) + 1))
+            self.engine.prepare(steps)
             self._proposers = [first]
         while len(self._proposers) < n:
             self._proposers.append(self._proposers[0].fork())
@@ -135,8 +152,9 @@ class Decoder:
         requests = [Request(p, max_new_tokens, 0, None if greedy else Sampler(sampling, i, 0))
                     for i, p in enumerate(prompts)]
         self.engine.use_threads()
-        return decode_all(self.engine, self.proposers(min(slots or self.batch_size, len(prompts))), requests,
-                          stop_ids=self.stop_ids if stop is None else stop)
+        proposers = self.proposers(min(slots or self.batch_size, len(prompts)))
+        return decode_all(self.engine, proposers, requests, stop_ids=self.stop_ids if stop is None else stop,
+                          budget=self._budget)
 
     def generate(self, prompts, max_new_tokens: int = 256, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0) -> Result | list[Result]:
@@ -178,7 +196,8 @@ def load(model: str = "smollm2-135m", method: str = "vanilla", *, overrides: lis
     method ``method``: its checkpoint, its device and dtype, its prompt format (the fastchat template the harness
     runs it with) and the heads and corpora its config names for the methods (``artefacts``), as
     ``python -m evaluation.run model=NAME method=METHOD`` would. ``overrides``: more settings in Hydra's syntax
-    (``model.dtype=bfloat16``, ``engine=hf``, ``runtime.batch_size=4``); ``params``: the method's parameters."""
+    (``model.dtype=bfloat16``, ``engine=hf``, ``runtime.batch_size=4``, ``runtime.budget=auto``); ``params``: the
+    method's parameters."""
     from omegaconf import OmegaConf
 
     from evaluation.running.config import batch_size, compose_config, method_params, model_spec
@@ -193,7 +212,8 @@ def load(model: str = "smollm2-135m", method: str = "vanilla", *, overrides: lis
     check_template(spec, tok)
     engine = OmegaConf.to_container(cfg.engine, resolve=True)
     return Decoder(target, tok, name, engine=engine.pop("name"), engine_params=engine, batch_size=batch_size(cfg),
-                   prompt=lambda text: prompt_ids(spec, tok, [text], []), name=spec.name, **{**defaults, **params})
+                   prompt=lambda text: prompt_ids(spec, tok, [text], []), name=spec.name,
+                   budget=cfg.runtime.budget, spec_off_above=cfg.runtime.spec_off_above, **{**defaults, **params})
 
 
 # What custom_generate honours of what generate prepares: the logits warpers of do_sample's settings (read from the
@@ -220,16 +240,19 @@ class CustomGenerate:
     ``Decoder`` per model, built at the first call) and returns what ``generate`` returns."""
 
     def __init__(self, method: str = "vanilla", *, engine: str = "static", engine_params: dict | None = None,
-                 tokenizer=None, **params):
+                 tokenizer=None, budget: str = "off", spec_off_above: int | None = None, **params):
+        check_settings(budget, spec_off_above)
         check_method(method, params)
         self.method, self.engine, self.engine_params, self.params = method, engine, engine_params, params
+        self.budget = {"budget": budget, "spec_off_above": spec_off_above}
         self.tokenizer = tokenizer  # only for a method that measures itself on the project's prompts (tree=auto)
         self._decoders: dict[int, Decoder] = {}
 
     def decoder(self, model, rows: int = 1) -> Decoder:
         if id(model) not in self._decoders:
             self._decoders[id(model)] = Decoder(model, self.tokenizer, self.method, engine=self.engine,
-                                                engine_params=self.engine_params, batch_size=rows, **self.params)
+                                                engine_params=self.engine_params, batch_size=rows, **self.budget,
+                                                **self.params)
         return self._decoders[id(model)]
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
@@ -257,10 +280,12 @@ class CustomGenerate:
 
 
 def speculative(method: str = "vanilla", *, engine: str = "static", engine_params: dict | None = None,
-                tokenizer=None, **params) -> CustomGenerate:
+                tokenizer=None, budget: str = "off", spec_off_above: int | None = None, **params) -> CustomGenerate:
     """The ``custom_generate`` callable of ``method`` with ``params`` (checked here, before any decoding);
-    ``tokenizer`` where the method sizes its drafts on the project's own prompts (``tree=auto``, ``max_draft=auto``)."""
-    return CustomGenerate(method, engine=engine, engine_params=engine_params, tokenizer=tokenizer, **params)
+    ``tokenizer`` where the method sizes its drafts on the project's own prompts (``tree=auto``, ``max_draft=auto``);
+    ``budget``, ``spec_off_above``: the per-step draft budget (``Decoder``)."""
+    return CustomGenerate(method, engine=engine, engine_params=engine_params, tokenizer=tokenizer, budget=budget,
+                          spec_off_above=spec_off_above, **params)
 
 
 def refuse(cfg, processors, criteria, model_kwargs: dict) -> None:

@@ -33,10 +33,11 @@ row count's curve (``Cost``). A ragged engine (``Engine.ragged``: static) comput
 forward of rows of n_i tokens costs as R rows of their mean; a padded one (hf) computes every row of the engine at
 the widest row's size.
 
-The drafting is done before the cut, so what it costs is not in the choice; it decides whether a slot's proposer is
-asked for the next drafts (``Pause``): one whose drafts have not paid for their drafting rests, and hears of the steps
-it sat out (``Proposer.skipped``). Odds are learned only from what is verified, so a draft cut to nothing teaches
-nothing: after a rest a slot's draft is a probe, its best node verified whatever its odds.
+The drafting is done before the cut, so what it costs is not in the choice; it decides whether the proposers are
+asked for the next drafts (``Pause``, one for the run's slots): drafting whose drafts have not paid for it rests, and
+each proposer hears of the steps it sat out (``Proposer.skipped``). Odds are learned only from what is verified, so a
+draft cut to nothing teaches nothing: after a rest one row's draft is a probe, its best node verified whatever its
+odds.
 """
 from __future__ import annotations
 
@@ -258,7 +259,7 @@ def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, float], float],
     return [(sorted(k), 1.0 + sum(v[i] for i in k[1:])) for k, v in zip(kept, values)], best
 
 
-def probe(offer: Offer, odds: Odds) -> tuple[list[int], float]:
+def best_node(offer: Offer, odds: Odds) -> tuple[list[int], float]:
     """``choose``'s answer for one row that verifies its best node (with its ancestors; a whole draft: all of it),
     whatever it costs: a probe (``Pause``). Nothing to verify (no node of any odds): the root alone."""
     v = offer.values(odds)
@@ -306,42 +307,58 @@ class Plan:
 
 
 class Pause:
-    """When a slot's proposer is asked to draft (``budget=auto``), and when its draft is a probe.
+    """When the busy rows' proposers are asked to draft (``budget=auto``), and which row's draft is a probe.
 
-    A step's draft pays when the tokens expected of what was kept are worth more than the drafting's time at the
-    forward's rate. After two that do not, the slot rests ``wait`` steps, then its next draft is a probe: its best
-    node is verified whatever the odds say, so that odds learned low are tried again (what a drafter proposes changes:
-    Token Recycling's matrix fills, a copied passage comes round). ``wait`` doubles (up to ``MAX_WAIT``) while the
-    drafts do not pay and is back to 1 when one does. A resting slot's proposer is not asked to draft (plain steps),
-    unless its drafting is free (under ``FREE`` tokens' worth: PLD's lookup, TR's gather), when resting only spaces
-    the probes. A slot keeps its pause from one request to the next, for the run (``Budget.pauses``): what drafting
-    costs is the method's and the machine's.
+    A step's drafts pay when the tokens expected of what was kept (over the rows that drafted) are worth more than
+    the drafting's time at the forward's rate. After two steps whose drafts do not, drafting rests ``wait`` steps
+    (plain steps), then one row's draft is a probe: its best node is verified whatever the odds say, so that odds
+    learned low are tried again (what a drafter proposes changes: Token Recycling's matrix fills, a copied passage
+    comes round). ``wait`` doubles (up to ``MAX_WAIT``) while the drafts do not pay and is back to 1 when one does.
+    Drafting that is free (under ``FREE`` tokens' worth a row: PLD's lookup, TR's gather) goes on while resting, which
+    then only spaces the probes.
 
-    >>> p = Pause()
-    >>> [(p.drafts() and p.paid(False) is None, p.probe) for _ in range(6)]
-    [(True, False), (True, False), (False, False), (True, True), (False, False), (False, False)]
+    One pause serves all the slots of a run, for the whole run (``Budget.pause``): what drafting costs is the method's
+    and the machine's, and the odds a probe teaches are the run's (``Odds``), so one row's probe, the rows taking
+    turns, tells for all; a pause per slot would have every slot of a large batch learn the same on its own, paying a
+    draft each time.
+
+    >>> p, steps = Pause(), []
+    >>> for _ in range(6):  # three rows whose drafts never pay: asked, asked, rest 1, a probe (row 0), rest 2
+    ...     asked, probe = p.ask(3)
+    ...     steps.append((sum(asked), probe))
+    ...     p.paid([0.0] * sum(asked), [0.1] * sum(asked))
+    >>> steps
+    [(3, None), (3, None), (0, None), (1, 0), (0, None), (0, None)]
     """
 
     MAX_WAIT = 256
 
     def __init__(self):
         self.left, self.wait, self.unpaid = 0, 1, 0
-        self.free = False  # the last drafting took under FREE tokens' worth
-        self.probe = self.due = False  # this step's draft is a probe; the next one is
+        self.free = False  # the last drafting took under FREE tokens' worth a row
+        self.due = False  # the next draft is a probe
+        self.turn = 0  # probes taken so far: the next one is row turn % rows
 
-    def drafts(self) -> bool:
-        """Whether the proposer is asked for this step's draft."""
+    def ask(self, rows: int) -> tuple[list[bool], int | None]:
+        """Whether each of ``rows`` busy rows' proposers is asked for this step's draft, and the row whose draft is a
+        probe (None: none is)."""
         if self.left:
             self.left -= 1
-            self.probe, self.due = False, self.due or not self.left
-            return self.free
-        self.probe, self.due = self.due, False
-        return True
+            self.due = self.due or not self.left
+            return [self.free] * rows, None
+        if not self.due:
+            return [True] * rows, None
+        self.due, row = False, self.turn % rows
+        self.turn += 1
+        return ([True] * rows if self.free else [r == row for r in range(rows)]), row
 
-    def paid(self, paid: bool, free: bool = False) -> None:
-        """Whether this step's draft paid for its drafting, and whether that drafting was free."""
-        self.free = free
-        if paid:
+    def paid(self, gains: list[float], worths: list[float]) -> None:
+        """What the rows that drafted this step expect of what was kept (tokens beyond the bonus), and what their
+        drafting was worth (tokens at the forward's rate)."""
+        if not worths:
+            return
+        self.free = max(worths) < FREE
+        if sum(gains) > sum(worths):
             self.wait, self.unpaid = 1, 0
             return
         self.unpaid += 1
@@ -361,23 +378,25 @@ class Budget:
             raise HarnessError("runtime.budget=auto needs the engine's cost (methods.calibrate.budget_cost)")
         self.policy, self.off_above, self.cost, self.ragged = policy, off_above, cost, ragged
         self.odds = Odds()
-        self.pauses: dict[int, Pause] = defaultdict(Pause)  # per slot, for the whole run (Pause)
+        self.pause = Pause()  # the slots', for the whole run
         self.seconds = 0.0  # spent choosing, for the run summary
 
     @property
     def active(self) -> bool:
         return self.policy == "auto" or self.off_above is not None
 
-    def drafting(self, pauses: list[Pause]) -> list[bool]:
-        """Whether each busy row's proposer is asked for a draft this step (``pauses``: the rows')."""
-        if self.off_above is not None and len(pauses) > self.off_above:
-            return [False] * len(pauses)
-        return [p.drafts() for p in pauses] if self.policy == "auto" else [True] * len(pauses)
+    def drafting(self, rows: int) -> tuple[list[bool], int | None]:
+        """Whether each of ``rows`` busy rows' proposers is asked for a draft this step, and the row whose draft is a
+        probe (``Pause.ask``)."""
+        if self.off_above is not None and rows > self.off_above:
+            return [False] * rows, None
+        return self.pause.ask(rows) if self.policy == "auto" else ([True] * rows, None)
 
-    def plan(self, drafts: list[Draft], drafted: list[bool], seconds: list[float], pauses: list[Pause],
+    def plan(self, drafts: list[Draft], drafted: list[bool], seconds: list[float], probe: int | None,
              engine_rows: int) -> tuple[list[Draft], list[Plan]]:
-        """The drafts to verify in this forward (``drafted``: which rows' proposers drafted theirs, in ``seconds``),
-        and what was done to each; each drafting row's ``Pause`` told whether its draft paid."""
+        """The drafts to verify in this forward (``drafted``: which rows' proposers drafted theirs, in ``seconds``;
+        ``probe``: the row whose draft verifies its best node whatever it costs), and what was done to each; the
+        ``Pause`` told whether the drafts paid."""
         t = time.perf_counter()
         offered = [d.tree.size for d in drafts]
         if self.policy != "auto":
@@ -385,13 +404,12 @@ class Budget:
         self.odds.forget()
         offers = [Offer.of(d) for d in drafts]
         chosen, rate = choose(offers, self.odds, self.cost, self.ragged, engine_rows)
-        for r, (offer, asked, s, pause) in enumerate(zip(offers, drafted, seconds, pauses)):
-            if not asked:
-                continue
-            if pause.probe and chosen[r][0] == [0]:
-                chosen[r] = probe(offer, self.odds)
-            worth = 1000 * s * rate  # the drafting's time, in tokens at the forward's rate
-            pause.paid(chosen[r][1] - 1 > worth, worth < FREE)
+        asked = [r for r, a in enumerate(drafted) if a]
+        # the tokens the drafts are expected to bring as chosen (a probe's forced node not counted), against the
+        # drafting's time in tokens at the forward's rate
+        self.pause.paid([chosen[r][1] - 1 for r in asked], [1000 * seconds[r] * rate for r in asked])
+        if probe is not None and chosen[probe][0] == [0]:
+            chosen[probe] = best_node(offers[probe], self.odds)
         self.seconds += time.perf_counter() - t
         return ([cut(d, kept) for d, (kept, _) in zip(drafts, chosen)],
                 [Plan(n, e, asked) for n, (_, e), asked in zip(offered, chosen, drafted)])

@@ -412,11 +412,10 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
         stepping = [row for row in busy if not row.filling]
         plans = [None] * len(stepping)
         if budget is not None and budget.active and stepping:
-            pauses = [budget.pauses[row.slot] for row in stepping]  # when it asks each slot's proposer to draft
-            asked = budget.drafting(pauses)
+            asked, probe = budget.drafting(len(stepping))
             checks = [row.propose(a) for row, a in zip(stepping, asked)]
             drafts, plans = budget.plan([c.draft for c in checks], asked, [row.draft_seconds for row in stepping],
-                                        pauses, len(proposers))
+                                        probe, len(proposers))
             for c, d in zip(checks, drafts):
                 c.draft = d
         else:

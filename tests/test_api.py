@@ -90,6 +90,27 @@ def test_the_python_api_is_the_loop(models):
     assert [r.tokens for r in batch] == [Decoder(model, None, "vanilla").generate(p, MAX_NEW).tokens for p in PROMPTS]
 
 
+def test_the_budget_from_python_and_generate(models, tmp_path, monkeypatch):
+    """``budget="auto"`` (the engine's cost grid measured once, here into a test cache) and ``spec_off_above``: the
+    steps cut and recorded, the tokens generate's."""
+    import evaluation.api
+
+    monkeypatch.setattr(evaluation.api, "CACHE", tmp_path)
+    model = models(2)
+    ids, mask = left_padded(PROMPTS)
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+    for kw in ({"budget": "auto"}, {"spec_off_above": 1}):
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0,
+                             custom_generate=speculative("tr", **kw))
+        assert got.tolist() == want.tolist(), kw
+    assert len(list((tmp_path / "budget").glob("*.json"))) == 1
+    gens = Decoder(model, None, "tr", batch_size=3, budget="auto").decode(PROMPTS, MAX_NEW)
+    assert all(e is not None for g in gens for e in g.expected_lengths)
+    assert any(n < o for g in gens for n, o in zip(g.draft_nodes, g.offered_nodes)), "nothing was cut"
+    with pytest.raises(HarnessError, match="^runtime.budget=sometimes is not a budget"):
+        speculative("tr", budget="sometimes")
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda m, ids: speculative("trr"), "unknown method 'trr'; known: "),
     (lambda m, ids: speculative("tr", kk=3), "method 'tr' has no parameter kk (did you mean method.k?)"),

@@ -1,5 +1,6 @@
 """method.tree=auto: the cost curve, the choice (a plain step when nothing beats it), the saved tree, losslessness."""
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -87,6 +88,8 @@ def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys, reuse_emb
     monkeypatch.setattr(calibrate, "CANDIDATES", (1, 3))
     monkeypatch.setattr(calibrate, "CANDIDATE_PROMPTS", 3)
     monkeypatch.setattr(calibrate, "CANDIDATE_TOKENS", 8)
+    # the engine's cost at the sizes the candidates' trees (1 and 3 drafts) are costed from, once each
+    monkeypatch.setattr(calibrate, "measure_cost", partial(calibrate.measure_cost, sizes=(1, 2, 4, 8), repeats=1))
     monkeypatch.setattr(evaluation.running.runner, "CACHE", tmp_path / "cache")  # the runner's Preparation.cache
     common = ["bench.question_ids=[81,161,321]", "bench.max_new_tokens=24", "warmup=1", "runtime.progress=false"]
     auto = run(compose_config(["method=tr", "method.tree=auto", *common]), tmp_path / "auto")
@@ -119,6 +122,7 @@ def test_the_embedded_defaults_never_calibrate(tmp_path, monkeypatch, reuse_embe
 
     monkeypatch.setattr(evaluation.running.runner, "CACHE", tmp_path / "empty-cache")
     monkeypatch.setattr(calibrate, "_decode", no_decoding)
+    monkeypatch.setattr(calibrate, "measure_cost", partial(calibrate.measure_cost, sizes=(1, 4, 16, 32), repeats=1))
     runner = Runner(compose_config(["method=tr", "method.tree=auto"]))
     shipped = list(calibrate.SHIPPED.glob(f"{runner.spec.name}-k{runner.proposer.k}-{runner.proposer.start}-*.json"))
     assert len(shipped) == 1

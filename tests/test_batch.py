@@ -130,7 +130,7 @@ def test_padding_is_counted(tiny_model, engine_name):
 
 # --- the runner: runtime.batch_size on the embedded model ------------------------------------------------------
 
-BATCH_RUN = ["bench.question_ids=[81,82,161,241,321]", "bench.max_new_tokens=10", "warmup=0", "runtime.progress=false"]
+BATCH_RUN = ["bench.question_ids=[81,82,161,277,321]", "bench.max_new_tokens=10", "warmup=0", "runtime.progress=false"]
 TR = ["method=tr", "method.tree=grown-n30-d6", "runtime.batch_size=3"]
 
 

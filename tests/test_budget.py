@@ -175,6 +175,21 @@ def test_every_method_is_lossless_under_the_budget_at_every_batch_size(tiny_mode
         assert skipped, "the budget never paused the drafting"
 
 
+def test_the_slots_share_one_pause(tiny_model, reference, monkeypatch):
+    """Drafts that never pay (a draft token costs a whole plain step): the rows draft the first two steps, then rest,
+    and after each rest one row probes, not each slot on its own: 2 B + a probe per rest of asked drafts in all."""
+    monkeypatch.setattr(budget_module, "FREE", 0.0)
+    engine = engines(tiny_model)["static"]
+    dear = Cost({r: {n: 10.0 * n for n in (1, 2, 4, 8, 16, 32, 64, 128)} for r in (1, 2, 4, 8)})
+    batch = 4
+    got = decode(engine, build_proposer("tr", {}, vocab_size=96, device=CPU), batch, Budget("auto", cost=dear))
+    assert [g.token_ids for g in got] == reference(2, "static")
+    offered = [g.offered_nodes or g.draft_nodes for g in got]  # None: no step of the request was cut
+    asked = sum(o > 1 for steps in offered for o in steps)
+    steps = max(map(len, offered)) * len(got)  # more than the batch's steps
+    assert 2 * batch < asked <= 2 * batch + steps.bit_length(), asked
+
+
 @pytest.mark.parametrize("method", ["tr", "pld", "lookahead", "eagle2", "sam_tr"])
 def test_sampled_rows_under_the_budget_draw_what_vanilla_draws(tiny_models, reference, tmp_path, method):
     cls = registry()[method]
@@ -195,17 +210,23 @@ def test_drafting_stops_while_more_rows_than_the_switch_are_busy(tiny_model, ref
     assert any(n > 1 for r, n, _ in steps if 0 < r <= 3)  # the last three requests: verified
 
 
-RUN = ["bench.question_ids=[81,161,241]", "bench.max_new_tokens=12", "warmup=0", "runtime.progress=false"]
+RUN = ["bench.question_ids=[81,161,277]", "bench.max_new_tokens=12", "warmup=0", "runtime.progress=false"]
 
 
 def test_a_budgeted_run_records_its_cut_and_its_odds_survive_a_kill(tmp_path, monkeypatch, reuse_embedded):
     """``evaluation.run ... runtime.budget=auto`` on the embedded model: the engine's cost grid measured and kept in
     the summary, every turn token-identical to vanilla's, each step's drafted nodes and predicted accept length in
     the answers; killed after its first answer, the rerun loads the odds it had learned by then."""
+    import evaluation.running.runner
     from evaluation.records.answers import AnswerWriter, read_answers
     from evaluation.running.config import compose_config
     from evaluation.running.runner import Runner, run
+    from methods import calibrate
 
+    # the grid measured here, into this test's cache, at three sizes (the run's cost model is what is tested)
+    monkeypatch.setattr(evaluation.running.runner, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(calibrate, "BUDGET_SIZES", (1, 4, 16))
+    monkeypatch.setattr(calibrate, "BUDGET_REPEATS", 1)
     ref = tmp_path / "vanilla"
     run(compose_config([*RUN, "method=vanilla"]), ref)
     budgeted = [*RUN, "method=pld", "runtime.budget=auto", "runtime.batch_size=2"]
@@ -238,3 +259,5 @@ def test_a_budgeted_run_records_its_cut_and_its_odds_survive_a_kill(tmp_path, mo
         assert any(e is not None and e >= 1 for e in c["expected_lengths"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["budget"]["policy"] == "auto" and set(summary["budget"]["cost_ms"]) == {"1", "2"}
+    assert set(summary["budget"]["cost_ms"]["2"]) == {"1", "4", "16"}
+    assert len(list((tmp_path / "cache" / "budget").glob("*.json"))) == 1

@@ -117,6 +117,12 @@ def vicuna_run(tmp_path, method: str):
     return cli("evaluation.run", *VICUNA_RUN, f"method={method}", f"hydra.run.dir={tmp_path / method}", check=False)
 
 
+def missing(run_error, tmp_path, method: str) -> str:
+    """The run of ``vicuna_run`` in this process (``run_error``), refused for a missing download: its error line."""
+    said = run_error(*VICUNA_RUN, f"method={method}", f"hydra.run.dir={tmp_path / method}", base=())
+    return said.err.strip().splitlines()[-1]
+
+
 def runs_equal_to_vanilla(tmp_path, method: str):
     """Vanilla and ``method`` both run and ``evaluation.equal`` says EQUAL: (the method's run, its summary)."""
     for m in ("vanilla", method):
@@ -128,12 +134,11 @@ def runs_equal_to_vanilla(tmp_path, method: str):
 
 
 @pytest.mark.slow
-def test_vicuna_with_its_published_eagle_head_runs_end_to_end(hub_cache, tmp_path):
+def test_vicuna_with_its_published_eagle_head_runs_end_to_end(hub_cache, tmp_path, run_error):
     """`evaluation.run model=vicuna-7b method=eagle2` as a user with the hub cache filled runs it: the model and
     the head resolve as hub ids, the Vicuna prompt and the device fall-back are recorded, tokens equal vanilla's."""
     model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    p = vicuna_run(tmp_path, "eagle2")
-    assert p.returncode == 2 and "download yuhuili/EAGLE-Vicuna-7B-v1.3 or set method.head=PATH" in p.stderr
+    assert "download yuhuili/EAGLE-Vicuna-7B-v1.3 or set method.head=PATH" in missing(run_error, tmp_path, "eagle2")
     save_eagle_head(hub_snapshot(hub_cache, "yuhuili/EAGLE-Vicuna-7B-v1.3"), model.config)
     p, summary = runs_equal_to_vanilla(tmp_path, "eagle2")
     assert "WARNING: model vicuna-7b is meant for a GPU" in p.stderr
@@ -142,15 +147,14 @@ def test_vicuna_with_its_published_eagle_head_runs_end_to_end(hub_cache, tmp_pat
 
 
 @pytest.mark.slow
-def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path):
+def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path, run_error):
     """`evaluation.run model=vicuna-7b method=sps` drafts with the config's double7/vicuna-68m, a hub id like
     the target's: missing, one clear line naming it; in the cache (a 2-layer Llama with the target's 32000-token
     vocabulary, as a pytorch_model.bin, the layout that repository ships), tokens equal vanilla's."""
     from tests.helpers import tiny_llama
 
     save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    p = vicuna_run(tmp_path, "sps")
-    assert p.returncode == 2 and "download double7/vicuna-68m or set method.drafter=PATH" in p.stderr
+    assert "download double7/vicuna-68m or set method.drafter=PATH" in missing(run_error, tmp_path, "sps")
     assert not (tmp_path / "sps").exists()
     torch.manual_seed(0)
     tiny_llama(vocab_size=32000, num_hidden_layers=2).save_pretrained(hub_snapshot(hub_cache, "double7/vicuna-68m"),
@@ -163,14 +167,13 @@ def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("method, repo", [("medusa", "FasterDecoding/medusa-vicuna-7b-v1.3"),
                                           ("hydra", "ankner/hydra-vicuna-7b-v1.3")])
-def test_vicuna_with_its_published_draft_heads_runs_end_to_end(hub_cache, tmp_path, method, repo):
+def test_vicuna_with_its_published_draft_heads_runs_end_to_end(hub_cache, tmp_path, method, repo, run_error):
     """`evaluation.run model=vicuna-7b method=medusa` (or hydra) reads the config's published heads from the hub
     cache: FasterDecoding's Medusa-1 (5 heads with their own lm_heads, medusa_lm_head.pt), zankner/Hydra's
     heads in the Hydra++ shape its README trains (prefix-mlp, 4 heads of 4 layers, hydra_lm_head.pt); missing,
     one line naming them; tokens = vanilla's."""
     model = save_model(hub_snapshot(hub_cache, "lmsys/vicuna-7b-v1.3"), "vicuna-7b")
-    p = vicuna_run(tmp_path, method)
-    assert p.returncode == 2 and f"download {repo} or set method.head=PATH" in p.stderr
+    assert f"download {repo} or set method.head=PATH" in missing(run_error, tmp_path, method)
     if method == "medusa":
         save_medusa_heads(hub_snapshot(hub_cache, repo), model.config)
     else:

@@ -71,4 +71,5 @@ KEEP = ("method=tr", "method=eagle3")  # in make test; the others in make test-l
 @pytest.mark.parametrize("method", [m if m in KEEP else pytest.param(m, marks=pytest.mark.long) for m in METHODS],
                          ids=[m.split("=")[1] for m in METHODS])
 def test_every_method_is_lossless(gemma, vanilla, method):
-    assert answers(gemma, method) == vanilla
+    cheaper = ["method.tree=grown-n30-d6"] if method == "method=tr" else []  # 31 rows of 262K logits a step, not 81
+    assert answers(gemma, method, *cheaper) == vanilla

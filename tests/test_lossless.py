@@ -2,11 +2,12 @@
 
 The questions: one per Spec-Bench task, the mt_bench one with both turns (turn 2 built on the method's own turn-1
 answer); a method that keeps state across questions (TR's hot start, SAM's automaton) decodes them in a row after a
-warm-up on another question, so that each drafts from the state the ones before it left. Every method that keeps
-state or copies from the context decodes all six with its defaults, the head methods the first three (a head drafts
-from the target's features whatever the task), the variants (other settings) the first three, in
-``make test-long``. Sampling: TR and EAGLE-3
-here, every method in ``make test-long`` (every method samples vanilla's tokens on the tiny models in
+warm-up on another question, so that each drafts from the state the ones before it left. In ``make test`` every
+method decodes the first two (the two-turn writing question and a translation: short prompts, whose prefill is not
+most of the time) with its defaults; in ``make test-long`` every method that keeps state or copies from the context
+decodes all six (the long summarization and RAG prompts it copies from), the head methods the first three (a head
+drafts from the target's features whatever the task), and the variants (other settings) the first three.
+Sampling: TR here, every method in ``make test-long`` (every method samples vanilla's tokens on the tiny models in
 tests/test_sampling.py).
 """
 import pytest
@@ -25,10 +26,12 @@ WARM_UP = next(q for q in load_bench(None, limit_per_category=2) if q not in ONE
 # the long summarization prompt. A prefix, so that a stateful method meets each in the state the batch-1 record's run
 # (all six in a row) left.
 VARIANT_QUESTIONS = ONE_PER_TASK[:3]
+SHORT_QUESTIONS = ONE_PER_TASK[:2]  # make test's: the same prefix
 # Sampling: a two-turn question (the second turn on the method's own sampled answer), a long context that the
 # copying drafters draft from, and a math answer (every method samples every task's prompts on the tiny model:
 # tests/test_sampling.py).
 SAMPLED_QUESTIONS = [q for q in ONE_PER_TASK if q.category in ("writing", "summarization", "math_reasoning")]
+SHORT_SAMPLED = [q for q in SAMPLED_QUESTIONS if q.category != "summarization"]  # make test's
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +73,7 @@ def test_sample_is_stratified():
     assert len(ONE_PER_TASK) == 6 and sum(len(q.turns) == 2 for q in ONE_PER_TASK) == 1
     assert len(SAMPLED_QUESTIONS) == 3 and sum(len(q.turns) == 2 for q in SAMPLED_QUESTIONS) == 1
     assert [q.category for q in VARIANT_QUESTIONS] == ["writing", "translation", "summarization"]
+    assert [q.category for q in SHORT_QUESTIONS] == ["writing", "translation"]
 
 
 # Every registered method with its defaults on the embedded model (its shipped heads, corpus and drafter: the
@@ -100,21 +104,22 @@ def stateful(name: str) -> bool:
     return registry()[name].state_dict is not Proposer.state_dict
 
 
-def long(cases: list[list[str]], keep=()) -> list:
-    """``cases`` marked long (``make test-long``) but those whose method is in ``keep``: settings whose paths the
-    tiny models already prove (tests/test_architectures.py, tests/test_sampling.py, each method's own tests)."""
-    return [c if c[0].removeprefix("method=") in keep else pytest.param(c, marks=pytest.mark.long, id=",".join(c))
-            for c in cases]
+def lossless_cases() -> list:
+    """make test: every method's defaults on SHORT_QUESTIONS; make test-long: the same on their full set, and the
+    variants."""
+    return ([pytest.param(c, False, id=",".join(c)) for c in DEFAULTS]
+            + [pytest.param(c, True, marks=pytest.mark.long, id=",".join(c) + "-full") for c in DEFAULTS]
+            + [pytest.param(c, True, marks=pytest.mark.long, id=",".join(c)) for c in VARIANTS])
 
 
-@pytest.mark.parametrize("overrides", DEFAULTS + long(VARIANTS), ids=",".join)
+@pytest.mark.parametrize("overrides, full", lossless_cases())
 @pytest.mark.slow
-def test_method_is_lossless(reference, loaded, overrides):
+def test_method_is_lossless(reference, loaded, overrides, full):
     r = runner(loaded, *overrides)
     if stateful(r.method):
         r.answer(WARM_UP)  # so that it drafts from a filled state (TR's hot start) from the first question on
     every_task = overrides in DEFAULTS and (stateful(r.method) or r.method in COPYING)
-    got = answers(r, ONE_PER_TASK if every_task else VARIANT_QUESTIONS)
+    got = answers(r, SHORT_QUESTIONS if not full else ONE_PER_TASK if every_task else VARIANT_QUESTIONS)
     for qid in got:
         ref = reference[qid]
         assert got[qid]["token_ids"] == ref["token_ids"], f"question {qid}"
@@ -137,22 +142,31 @@ def test_batch_one_record_covers_every_case():
 
 
 # At temperature > 0 every method reproduces vanilla sampling with the same seed (methods.sampling): every
-# registered method, on SAMPLED_QUESTIONS, and merged SAM+TR.
+# registered method, and merged SAM+TR (sampled_cases).
 SAMPLED = ["sampling.temperature=1.0", "sampling.top_p=0.95", "sampling.seed=1"]
 
 
 @pytest.fixture(scope="module")
 def sampled_reference(loaded):
-    return answers(runner(loaded, "method=vanilla", *SAMPLED), SAMPLED_QUESTIONS)
+    return Reference(runner(loaded, "method=vanilla", *SAMPLED))
 
 
-@pytest.mark.parametrize("overrides", long(DEFAULTS + [["method=sam_tr", "method.merge=true"]], keep=("tr", "eagle3")),
-                         ids=lambda o: ",".join(o))
+def sampled_cases() -> list:
+    """make test: TR (a grown tree: a cheaper step) on SHORT_SAMPLED; make test-long: every method there, and on all
+    of SAMPLED_QUESTIONS."""
+    cases = DEFAULTS + [["method=sam_tr", "method.merge=true"]]
+    return ([pytest.param(["method=tr", SMALL_TREE], False, id=f"method=tr,{SMALL_TREE}")]
+            + [pytest.param(c, False, marks=pytest.mark.long, id=",".join(c)) for c in cases]
+            + [pytest.param(c, True, marks=pytest.mark.long, id=",".join(c) + "-full") for c in cases])
+
+
+@pytest.mark.parametrize("overrides, full", sampled_cases())
 @pytest.mark.slow
-def test_method_samples_exactly_vanillas_tokens(sampled_reference, reference, loaded, overrides):
+def test_method_samples_exactly_vanillas_tokens(sampled_reference, reference, loaded, overrides, full):
     r = runner(loaded, *overrides, *SAMPLED)
-    got = answers(r, SAMPLED_QUESTIONS)
-    for qid, ref in sampled_reference.items():
+    got = answers(r, SAMPLED_QUESTIONS if full else SHORT_SAMPLED)
+    for qid in got:
+        ref = sampled_reference[qid]
         assert got[qid]["token_ids"] == ref["token_ids"], f"question {qid}"
     assert any(got[q]["token_ids"] != reference[q]["token_ids"] for q in got), "sampling gave the greedy tokens"
     assert max(a for c in got.values() for a in c["accept_lengths"]) > 1, "no draft was ever accepted"

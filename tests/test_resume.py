@@ -15,7 +15,8 @@ from evaluation.running.config import compose_config
 from evaluation.running.runner import Runner
 from methods.common import load_torch_safe, save_torch_atomic
 
-QUESTIONS = [q for q in load_bench(None, limit_per_category=1)][:4]  # mt_bench's two turns, translation, ...
+# mt_bench's two turns, translation, summarization (its shortest prompt), qa
+QUESTIONS = load_bench(None, question_ids=[81, 161, 277, 321])
 STOP_AFTER = 1  # answers written before the stop
 CASES = [["method=tr", "method.tree=grown-n30-d6"], ["method=sam_tr", "method.tree=grown-n30-d6"],
          ["method=lookahead"], ["method=rest"]]

@@ -191,10 +191,17 @@ def first_pairs(model, method, params=None, warm=True):
     return out
 
 
+@pytest.fixture(scope="module")
+def vanilla_pairs(tiny_model):
+    """Vanilla's first pairs (nothing to warm: ``first_pairs``' warm-up leaves vanilla as it was)."""
+    return first_pairs(tiny_model, "vanilla", warm=False)
+
+
+@pytest.mark.xdist_group("vanilla_pairs")  # one worker computes them once (make test)
 @pytest.mark.slow
-def test_first_tokens_follow_the_exact_distribution_as_generate_does(tiny_model, exact):
+def test_first_tokens_follow_the_exact_distribution_as_generate_does(tiny_model, exact, vanilla_pairs):
     assert abs(sum(exact.values()) - 1) < 1e-4
-    ours = first_pairs(tiny_model, "vanilla")
+    ours = vanilla_pairs
     assert chi_square_p(ours, exact) > ALPHA
     assert first_pairs(tiny_model, "tr") == ours  # a speculative method: the very same samples
     theirs = []
@@ -330,9 +337,10 @@ def test_the_command_lines_sample_the_same_tokens_and_the_checker_says_equal(tmp
     assert rec["sampling"] == {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 1}
 
 
+@pytest.mark.xdist_group("vanilla_pairs")  # one worker computes them once (make test)
 @pytest.mark.slow
 def test_eagles_specinfer_rule_keeps_the_distribution_and_the_check_catches_a_missing_residual(tiny_model, exact,
-                                                                                            monkeypatch):
+                                                                                            vanilla_pairs, monkeypatch):
     """verify=specinfer (children sampled from the head, recursive rejection sampling): the first tokens follow the
     exact distribution though they are not vanilla's draws; without the residual after a rejection (p left as the
     target's own) the bonus token over-represents the rejected drafts, and the test fails."""
@@ -341,6 +349,6 @@ def test_eagles_specinfer_rule_keeps_the_distribution_and_the_check_catches_a_mi
     params = {"head": "random", "verify": "specinfer", "seed": 3}
     pairs = first_pairs(tiny_model, "eagle", params, warm=False)
     assert chi_square_p(pairs, exact) > ALPHA
-    assert pairs != first_pairs(tiny_model, "vanilla", warm=False)  # another coupling: other samples
+    assert pairs != vanilla_pairs  # another coupling: other samples
     monkeypatch.setattr(sampling, "residual", lambda p, q: p)
     assert chi_square_p(first_pairs(tiny_model, "eagle", params, warm=False), exact) < ALPHA
