@@ -46,6 +46,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from methods.base import Draft, Verification
@@ -89,14 +90,19 @@ class Odds:
         self.depth_hits: dict[int, float] = defaultdict(float)
         self.depth_tries: dict[int, float] = defaultdict(float)
         self.unit = 1.0  # what a try learned now counts, in the counts' units (1 / the weight of a count)
+        self.known: dict[tuple[int, int], float] = {}  # p's answers since the last forget or learn
 
     def p(self, depth: int, key: int) -> float:
-        d, k, w = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY), 1 / self.unit
-        q = (w * self.depth_hits[d] + DEPTH_WEIGHT * PRIOR) / (w * self.depth_tries[d] + DEPTH_WEIGHT)
-        return (w * self.hits[d, k] + KEY_WEIGHT * q) / (w * self.tries[d, k] + KEY_WEIGHT)
+        d, k = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY)
+        if (d, k) not in self.known:
+            w = 1 / self.unit
+            q = (w * self.depth_hits[d] + DEPTH_WEIGHT * PRIOR) / (w * self.depth_tries[d] + DEPTH_WEIGHT)
+            self.known[d, k] = (w * self.hits[d, k] + KEY_WEIGHT * q) / (w * self.tries[d, k] + KEY_WEIGHT)
+        return self.known[d, k]
 
     def forget(self) -> None:
         """A step has passed: what was learned counts ``DECAY`` times less (new tries count more, the same)."""
+        self.known.clear()
         self.unit /= DECAY
         if self.unit > 1e9:  # bring the counts back to units of one try
             for table in (self.hits, self.tries, self.depth_hits, self.depth_tries):
@@ -108,6 +114,7 @@ class Odds:
         """One verification: the nodes of a draft (``parents``, ``depths``, ``keys``, ``acceptable``) and its
         accepted ``path`` (node indices, root first)."""
         on, unit = set(path), self.unit
+        self.known.clear()
         for i in range(1, len(parents)):
             if parents[i] in on and acceptable[i]:
                 d, k = min(depths[i], MAX_DEPTH), min(max(keys[i], 0), MAX_KEY)
@@ -140,18 +147,21 @@ class Cost:
 
     def __init__(self, table: dict[int, dict[int, float]]):
         self.table = {int(r): {int(n): float(ms) for n, ms in points.items()} for r, points in table.items()}
-        self.curves = {r: _monotone(points) for r, points in self.table.items()}
+        self.curves = {r: np.array(_monotone(points), dtype=float).T for r, points in self.table.items()}
         self.row_counts = sorted(self.curves)
 
-    def __call__(self, rows: int, slots: float) -> float:
-        per = slots / rows
+    def __call__(self, rows: int, slots):
+        """The cost of ``slots`` token positions (a number, or an array of them: the costs of as many forwards)."""
+        per = np.asarray(slots, dtype=float) / rows
         counts = self.row_counts
         lo = max([r for r in counts if r <= rows], default=counts[0])
         hi = min([r for r in counts if r >= rows], default=counts[-1])
         a, b = _at(self.curves[lo], per), _at(self.curves[hi], per)
         if hi == lo:
-            return a * rows / lo if rows > hi else a  # past the grid: as many forwards' worth more
-        return a + (b - a) * (rows - lo) / (hi - lo)
+            ms = a * rows / lo if rows > hi else a  # past the grid: as many forwards' worth more
+        else:
+            ms = a + (b - a) * (rows - lo) / (hi - lo)
+        return float(ms) if ms.ndim == 0 else ms
 
 
 def _monotone(points: dict[int, float]) -> list[tuple[int, float]]:
@@ -167,15 +177,14 @@ def _monotone(points: dict[int, float]) -> list[tuple[int, float]]:
     return [(n, b[0] / b[1]) for b in blocks for n in b[2]]
 
 
-def _at(curve: list[tuple[int, float]], n: float) -> float:
-    """The curve at ``n`` tokens per row: linear between its points, and past its ends along its last segment."""
-    if len(curve) == 1:
-        return curve[0][1]
-    for (n0, c0), (n1, c1) in zip(curve, curve[1:]):
-        if n <= n1:
-            return c0 + (c1 - c0) * (max(n, curve[0][0]) - n0) / (n1 - n0)
-    (n0, c0), (n1, c1) = curve[-2], curve[-1]
-    return c1 + (c1 - c0) * (n - n1) / (n1 - n0)
+def _at(curve: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The curve (its sizes and costs) at ``n`` tokens per row: linear between its points, and past its ends along
+    its last segment."""
+    ns, ms = curve
+    if len(ns) == 1:
+        return np.full_like(n, ms[0])
+    past = ms[-1] + (ms[-1] - ms[-2]) * (n - ns[-1]) / (ns[-1] - ns[-2])
+    return np.where(n > ns[-1], past, np.interp(n, ns, ms))
 
 
 @dataclass
@@ -210,7 +219,7 @@ class Offer:
         return v
 
 
-def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, float], float], ragged: bool = True,
+def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, np.ndarray], np.ndarray], ragged: bool = True,
            engine_rows: int | None = None) -> tuple[list[tuple[list[int], float]], float]:
     """Per row, the nodes to verify (root first, ascending) and the tokens the step is then expected to commit, for
     the forward that maximises expected tokens per millisecond (module docstring); and that rate.
@@ -218,7 +227,8 @@ def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, float], float],
     Items are the rows' nodes (a ``whole`` draft: one item of all its nodes), ranked by their expected tokens per
     token forwarded; the forward takes the best prefix of that ranking (the empty one: every row a plain step).
     A node never ranks above its parent (its odds are at most its parent's; ties go to the earlier node), so every
-    prefix is prefix-closed. ``ragged``: a forward costs its rows' total size; else ``engine_rows`` rows (all the
+    prefix is prefix-closed. ``cost(rows, slots)``: the milliseconds of forwards of ``slots`` token positions, an
+    array of them (``Cost``). ``ragged``: a forward costs its rows' total size; else ``engine_rows`` rows (all the
     engine's) at the widest row's size.
 
     >>> flat = lambda rows, slots: 10.0                      # a free forward (a GPU's flat curve): keep everything
@@ -238,21 +248,20 @@ def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, float], float],
         else:
             items.extend((v[i], r, i, [i], v[i]) for i in range(1, len(v)) if v[i] > 0)
     items.sort(key=lambda it: (-it[0], it[1], it[2]))
-    sizes, gained = [1] * rows, 0.0
-    total, widest = rows, 1
-
-    def rate() -> float:
-        slots = total if ragged else (engine_rows or rows) * widest
-        return (rows + gained) / cost(rows if ragged else (engine_rows or rows), slots)
-
-    best, best_m = rate(), 0
-    for m, (_, r, _, nodes, gain) in enumerate(items, start=1):
-        sizes[r] += len(nodes)
-        total += len(nodes)
-        widest = max(widest, sizes[r])
-        gained += gain
-        if (score := rate()) > best:
-            best, best_m = score, m
+    # the forward's rate after each prefix of the ranking (the empty one first), all at once
+    gained = np.concatenate(([0.0], np.cumsum([it[4] for it in items])))
+    if ragged:
+        forward_rows, slots = rows, rows + np.concatenate(([0], np.cumsum([len(it[3]) for it in items])))
+    else:
+        sizes, widest = [1] * rows, [1]
+        for _, r, _, nodes, _ in items:
+            sizes[r] += len(nodes)
+            widest.append(max(widest[-1], sizes[r]))
+        forward_rows = engine_rows or rows
+        slots = forward_rows * np.array(widest)
+    rates = (rows + gained) / np.broadcast_to(cost(forward_rows, slots), slots.shape)
+    best_m = int(np.argmax(rates))  # the first best: the fewest nodes
+    best = float(rates[best_m])
     kept = [[0] for _ in range(rows)]
     for _, r, _, nodes, _ in items[:best_m]:
         kept[r].extend(nodes)
