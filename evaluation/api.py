@@ -30,7 +30,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from methods.base import Preparation, build_proposer, check_method
 from methods.budget import Budget, check_settings
-from methods.calibrate import budget_cost
+from methods.calibrate import prepare_budget
 from methods.common import CACHE, HarnessError
 from methods.decode import Generation, Request, decode_all
 from methods.engine import build_engine
@@ -130,13 +130,7 @@ class Decoder:
                                    device=self.device, target=self.model)
             first.prepare(Preparation(engine=self.engine, model_name=self.name, stop_ids=self.stop_ids,
                                       prompts=self._own_prompts, cache=CACHE, batch_size=self.batch_size))
-            policy, above = self.budget_settings
-            cost = budget_cost(self.engine, self.batch_size, self.name, CACHE)[0] if policy == "auto" else None
-            self._budget = Budget(policy, above, cost, self.engine.ragged)
-            steps = first.step_sizes()
-            if steps and self._budget.active:  # a budget's cut: any size up to the largest
-                steps = list(range(1, max(steps) + 1))
-            self.engine.prepare(steps)
+            self._budget = prepare_budget(self.engine, first, *self.budget_settings, self.batch_size, self.name, CACHE)
             self._proposers = [first]
         while len(self._proposers) < n:
             self._proposers.append(self._proposers[0].fork())

@@ -35,7 +35,7 @@ from methods.autotree import (
     measure_cost,
 )
 from methods.base import Preparation
-from methods.budget import Cost
+from methods.budget import Budget, Cost
 from methods.common import DATA, read_json, write_json_atomic
 from methods.decode import generate
 from methods.tree import Tree, grow_tree
@@ -249,3 +249,17 @@ def budget_cost(engine, batch_size: int, model_name: str, cache: Path) -> tuple[
                              "engine": engine.name, "device": str(engine.device), "dtype": dtype,
                              "machine": device_key(engine), "seconds": round(seconds, 1)}, indent=1)
     return Cost(table), file
+
+
+def prepare_budget(engine, proposer, policy: str, off_above: int | None, batch_size: int, model_name: str,
+                   cache: Path) -> Budget:
+    """A run's ``Budget`` (``runtime.budget``, ``runtime.spec_off_above``; auto: with ``budget_cost``'s grid), and
+    ``engine`` prepared for the sizes ``proposer``'s steps verify (``Engine.prepare``; under a budget's cut, any size
+    up to its largest)."""
+    budget = Budget(policy, off_above, budget_cost(engine, batch_size, model_name, cache)[0] if policy == "auto"
+                    else None, engine.ragged)
+    steps = proposer.step_sizes()
+    if steps and budget.active:
+        steps = list(range(1, max(steps) + 1))
+    engine.prepare(steps)
+    return budget

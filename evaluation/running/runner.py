@@ -50,8 +50,7 @@ from evaluation.running.paradigms import paradigm
 from evaluation.running.prompts import check_template, describe, end_of_thinking_id, prompt_ids, thinking_marker
 from methods import machine
 from methods.base import Preparation, build_proposer, check_artefacts, check_method
-from methods.budget import Budget
-from methods.calibrate import budget_cost
+from methods.calibrate import prepare_budget
 from methods.common import CACHE, HarnessError, load_torch_safe, save_torch_atomic, write_json_atomic
 from methods.decode import Generation, Progress, Request, decode_batch
 from methods.engine import build_engine
@@ -164,12 +163,9 @@ class Runner:
         self.forced = self.tok(forced, add_special_tokens=False).input_ids if forced else None
         self.proposer.prepare(Preparation(engine=self.engine, model_name=self.spec.name, stop_ids=self.stop_ids,
                                           prompts=self.own_prompts, cache=CACHE, batch_size=self.batch_size))
-        self.budget = Budget(policy, off_above, budget_cost(self.engine, self.batch_size, self.spec.name, CACHE)[0]
-                             if policy == "auto" else None, self.engine.ragged)
-        steps = self.proposer.step_sizes()  # engine.compile: every step size, before any timing
-        if steps and self.budget.active:  # a budget's cut: any size up to the largest
-            steps = list(range(1, max(steps) + 1))
-        self.engine.prepare(steps)
+        # the budget, and every step size prepared before any timing (engine.compile)
+        self.budget = prepare_budget(self.engine, self.proposer, policy, off_above, self.batch_size, self.spec.name,
+                                     CACHE)
         # one proposer per slot (Proposer.fork: what the batch shares, what each slot keeps for itself)
         self.proposers = [self.proposer] + [self.proposer.fork() for _ in range(self.batch_size - 1)]
         self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.records.metrics)
