@@ -1,18 +1,22 @@
 """Decoding methods side by side in one process: MAT, tokens/s and speedup per Spec-Bench task.
 
     python -m scripts.bench_methods "method=vanilla" "method=tr" "method=tr method.start=cold" \\
-        [--bench spec_bench_sample] [--warmup 1] [--batch 1] [--generate] [--phases] [--out DIR]
+        [--bench spec_bench_sample] [--warmup 1] [--batch 1] [--chunk N] [--generate] [--phases] [--out DIR]
 
 Each positional argument is one method as Hydra overrides (as for evaluation.run); the
 first is the baseline. All methods decode the same questions in one process, question by
 question, the order of the methods rotating from one question to the next, so that the
 drift of a shared machine falls on all alike. ``--batch B`` decodes at batch size B
 (``runtime.batch_size``, continuous batching: ``Runner.answer_all``): the questions are split
-into chunks of 4B in a row (``CHUNK``), every method answers a whole chunk in turn, the order
-rotating from chunk to chunk, and each chunk is its own clock segment, so that a method's
-throughput (``evaluation.records.metrics.batch_stats``) counts only its own decoding; a second table
-gives it. ``--generate`` adds Hugging Face ``model.generate(do_sample=False)`` as an outside
-reference, at the same batch size (left padding): the engine reference. Writes one answer file per
+into chunks of ``--chunk`` in a row (default 4B: ``side_by_side.CHUNK``), every method answers a
+whole chunk in turn, the order rotating from chunk to chunk, and each chunk is its own clock
+segment, so that a method's throughput (``evaluation.records.metrics.batch_stats``) counts only its
+own decoding; a second table gives it, with its 95% interval paired over the chunks
+(``load_interval``). A smaller chunk (down to B) interleaves the methods more finely, for a machine
+whose speed drifts between the stretches of a long chunk (its interval shows it); each chunk's
+batch then drains sooner, as every method's does. ``--generate`` adds Hugging Face
+``model.generate(do_sample=False)`` as an outside reference, at the same batch size (left
+padding): the engine reference. Writes one answer file per
 method under --out, checks that all produced the same tokens, and prints the speed
 table (evaluation.speed) against the baseline and, with --generate, against generate.
 Each method is its overrides, the engine and the model included: ``"method=tr engine=hf"``
@@ -36,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.records.answers import folder_lock
-from evaluation.records.metrics import batch_stats
+from evaluation.records.metrics import batch_stats, load_interval
 from evaluation.reporting.render import markdown
 from evaluation.reporting.speed_table import speed_table
 from evaluation.running import side_by_side as sbs
@@ -56,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="*", default=[], help="overrides for every method (model=..., bench.*=...)")
     ap.add_argument("--warmup", type=int, default=1, help="passes over the first question per method")
     ap.add_argument("--batch", type=int, default=1, help="batch size of every method (runtime.batch_size)")
+    ap.add_argument("--chunk", type=int, default=None, help="questions each method answers in its turn at --batch B "
+                    "(default 4B; at least B)")
     ap.add_argument("--generate", action="store_true", help="add model.generate as a reference")
     ap.add_argument("--phases", action="store_true", help="split each method's step time by phase")
     ap.add_argument("--out", default=str(RESULTS / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")))
@@ -67,7 +73,7 @@ def main(argv=None) -> int:
 
 def bench(args, out: Path) -> int:
     common = [f"bench={args.bench}", f"warmup={args.warmup}", *args.set, f"runtime.batch_size={args.batch}"]
-    b = sbs.compose(args.methods, common, args.batch, args.generate)
+    b = sbs.compose(args.methods, common, args.batch, args.generate, args.chunk)
     sbs.load(b)
     sbs.warm_up(b, args.warmup, args.phases)
     sbs.decode(b)
@@ -119,7 +125,9 @@ def report(args, b: sbs.Bench, out: Path) -> None:
         vs.to_csv(out / "speed_vs_generate.csv", index=False)
     if args.batch > 1:
         rates = throughput_table(b.records, b.labels[0])
-        print(f"\nthroughput at batch {args.batch} (tokens/s over each method's own decoding time):")
+        print(f"\nthroughput at batch {args.batch} (tokens/s over each method's own decoding time; 95% interval "
+              f"paired over the {len(b.questions) // b.chunk + bool(len(b.questions) % b.chunk)} chunks of "
+              f"{b.chunk} questions):")
         print(markdown(rates, digits=2))
         rates.to_csv(out / "throughput.csv", index=False)
     if args.phases:
@@ -142,11 +150,14 @@ def overall(table: pd.DataFrame) -> pd.DataFrame:
 
 def throughput_table(records: dict, base: str):
     """Per method: its throughput (``evaluation.records.metrics.batch_stats``: all its tokens over the seconds it spent
-    decoding its chunks), against the baseline's and, with --generate, against generate's at the same batch size."""
+    decoding its chunks), against the baseline's with its 95% interval (``load_interval``: paired over the chunks)
+    and, with --generate, against generate's at the same batch size."""
     rates = {label: batch_stats(recs)["throughput"] for label, recs in records.items()}
     rows = []
     for label, rate in rates.items():
         row = {"method": label, "tokens/s": rate, f"speedup vs {base}": rate / rates[base]}
+        span = load_interval(records[label], records[base]) if label != base else None
+        row["95% interval"] = f"[{span[0]:.2f}, {span[1]:.2f}]" if span else "-"
         if sbs.GENERATE in rates:
             row[f"vs {sbs.GENERATE}"] = rate / rates[sbs.GENERATE]
         rows.append(row)

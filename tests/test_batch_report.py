@@ -8,7 +8,7 @@ import pytest
 
 from evaluation import report as rp
 from evaluation import speed
-from evaluation.records.metrics import crossover
+from evaluation.records.metrics import crossover, load_interval
 from evaluation.reporting.render import markdown
 from evaluation.reporting.speed_table import speed_table
 from evaluation.reporting.tables import crossovers
@@ -87,7 +87,8 @@ def test_per_batch_tables_pair_each_run_with_vanilla_at_its_batch_size(sweep, tm
     assert tr in md
     assert "| tiny-llama | vanilla | 1.00 | 10.00 | 1.00× |" in md
     csv = (out / "batch_size_4.csv").read_text().splitlines()
-    assert csv[0].startswith("model,method,batch_size,baseline,mat,speedup,throughput,ttft_mean")
+    assert csv[0].startswith("model,method,batch_size,baseline,mat,speedup,speedup_lo,speedup_hi,throughput,ttft_mean")
+    assert str(batch.loc[("tr", 2), "speedup_lo"]) == "nan"  # one timed part per run: nothing to pair an interval over
     assert all((out / f"speedup_vs_batch.{ext}").stat().st_size > 1000 for ext in ("png", "pdf"))
     main = (out / "main_table.md").read_text()
     assert "batch_size_1.md, batch_size_2.md, batch_size_4.md (and .csv)" in main and "speedup_vs_batch" in main
@@ -106,6 +107,33 @@ def test_the_crossover_is_interpolated_on_log2_of_the_batch_size(sweep, tmp_path
     assert found["tiny-llama", "tr"][0] == pytest.approx(2 ** (1 + 0.6 / 1.1))
     assert found["tiny-llama", "pld"] == (None, "above 1.0× up to B=4")
     assert ("tiny-llama", "vanilla") not in found
+
+
+def test_the_speedup_under_load_has_its_interval_over_the_parts_timed_side_by_side(tmp_path):
+    """Parts of the same questions, timed in turn (scripts.bench_methods' chunks), pair a method with its baseline:
+    TR's two chunks of two questions took 1 s and 2 s, vanilla's 2 s each, so a resample gives 2.0x, 4/3x or
+    1.0x (the worked example of evaluation.records.metrics.load_interval)."""
+    def chunked(method: str, seconds: list[float]) -> list[dict]:
+        out = []
+        for q in range(QUESTIONS):
+            r = rec(q + 1, "qa" if q % 2 else "rag", 10, seconds[q // 2], [1] * 10)
+            r["clock"] = {"segment": f"{method}-{q // 2}", "turns": [[0.0, seconds[q // 2]]], "batch_size": 2}
+            out.append(r)
+        return out
+
+    tr, vanilla = chunked("tr", [1.0, 2.0]), chunked("vanilla", [2.0, 2.0])
+    assert load_interval(tr, vanilla) == (1.0, 2.0)
+    assert load_interval(tr[:2], vanilla[:2]) is None  # one part: no interval
+    alone = [{**r, "clock": {**r["clock"], "segment": f"v{r['question_id']}"}} for r in vanilla]
+    assert load_interval(tr, alone) is None  # a baseline timed question by question: no part pairs with TR's
+    for method, recs in (("tr", tr), ("vanilla", vanilla)):
+        batch_run(tmp_path / "runs" / method, method, 2)
+        (tmp_path / "runs" / method / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = rp.report([str(tmp_path / "runs")], tmp_path / "out")
+    row = result["batch"].set_index("method").loc["tr"]
+    assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == (pytest.approx(4 / 3), 1.0, 2.0)
+    assert "| 1.33× [1.00, 2.00] |" in (tmp_path / "out" / "batch_size_2.md").read_text()
+    assert "speedup_lo,speedup_hi" in (tmp_path / "out" / "batch_size_2.csv").read_text().splitlines()[0]
 
 
 def test_a_baseline_of_another_batch_size_is_refused(tmp_path, capsys):

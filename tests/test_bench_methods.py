@@ -1,10 +1,13 @@
 """scripts.bench_methods end to end on the embedded model: side by side, engines per method, the phase split."""
+import json
+
 import pandas as pd
 import pytest
 
 from evaluation.records.answers import read_answers
 from evaluation.records.equality import compare
 from scripts.bench_methods import main
+from tests.test_trust import _main
 
 pytestmark = pytest.mark.slow  # every test decodes on the embedded model with several methods
 
@@ -54,22 +57,21 @@ def test_a_method_in_another_dtype_is_checked_against_its_own_vanilla(tmp_path, 
     assert f"against {bf16}:" in text and machine.describe(machine.cpu()) in text
 
 
-def test_batched_side_by_side_with_generate(tmp_path, capsys, monkeypatch):
+def test_batched_side_by_side_with_generate(tmp_path, capsys):
     """--batch 2: every method (generate too) decodes at batch 2 and says so in its config; each chunk of questions
-    is its own clock segment, so that a method's throughput counts only its own decoding time."""
+    is its own clock segment, so that a method's throughput counts only its own decoding time, and the chunks pair
+    its throughput with the baseline's (an interval); a chunk smaller than the batch is refused."""
     import time
 
     import yaml
 
     from evaluation.records.metrics import batch_stats
-    from evaluation.running import side_by_side
 
-    monkeypatch.setattr(side_by_side, "CHUNK", 1)  # chunks of 2 questions: two of them, the order rotating
     out = tmp_path / "bench"
     t = time.perf_counter()
     rc = main(["method=vanilla", "method=tr", "--bench", "spec_bench_smoke", "--warmup", "0", "--batch", "2",
                "--set", "bench.question_ids=[81,161,321,401]", "bench.max_new_tokens=8", "--generate",
-               "--out", str(out)])
+               "--chunk", "2", "--out", str(out)])  # chunks of 2 questions: two of them, the order rotating
     elapsed = time.perf_counter() - t
     text = capsys.readouterr().out
     assert "tr: 5/5 turns token-identical to vanilla" in text
@@ -90,3 +92,9 @@ def test_batched_side_by_side_with_generate(tmp_path, capsys, monkeypatch):
     rates = pd.read_csv(out / "throughput.csv").set_index("method")
     assert list(rates.index) == ["vanilla", "tr", "generate"] and (rates["tokens/s"] > 0).all()
     assert rates.loc["generate", "vs generate"] == 1 and "throughput at batch 2" in text
+    assert "paired over the 2 chunks of 2 questions" in text and rates.loc["vanilla", "95% interval"] == "-"
+    low, high = map(float, rates.loc["tr", "95% interval"].strip("[]").split(", "))  # over the two chunks
+    assert low <= round(rates.loc["tr", "speedup vs vanilla"], 2) <= high
+    assert json.loads((out / "tr" / "summary.json").read_text())["chunk"] == 2
+    err = _main(main, ["method=vanilla", "--batch", "4", "--chunk", "2", "--out", str(tmp_path / "no")], capsys)
+    assert "--chunk 2 is smaller than the batch (4)" in err and not (tmp_path / "no").exists()

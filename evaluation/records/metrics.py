@@ -69,7 +69,11 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
   padding (rows' drafts narrower than the widest, slots with no request: 0 on the static engine). A step of a
   forward that verified r rows counts 1/r of it, so that every forward counts once. The speedup under load
   (``load_speedup``) is the method's throughput over vanilla's at the same batch size. Repeats of one configuration
-  are pooled as the parts of one run.
+  are pooled as the parts of one run. Its **95% interval** (``load_interval``) is a paired bootstrap over the parts
+  that method and baseline decoded of the same questions (side by side: ``scripts.bench_methods``' chunks, timed in
+  turn): a resample draws the parts with replacement and takes each part's tokens and seconds from both. It says
+  how much the speedup depends on which stretch of the machine's time and which questions each part had (a
+  machine whose speed drifts between parts widens it); runs with fewer than two such parts have none.
 * **crossover** (``crossover``) of a method measured at several batch sizes: the first batch size at which its speedup
   under load falls below 1.0, interpolated linearly in log2 of the batch size between the measured point before (at
   or above 1.0) and the first one below (1.5x at B=2 and 0.5x at B=8 cross at B=4); the smallest batch size measured
@@ -325,6 +329,45 @@ def load_speedup(records: list[dict], baseline: list[dict]) -> float | None:
     clock."""
     ours, theirs = batch_stats(records)["throughput"], batch_stats(baseline)["throughput"]
     return ours / theirs if ours and theirs else None
+
+
+def parts(records: list[dict]) -> dict[frozenset, tuple[int, float]]:
+    """Per set of questions decoded in one clock segment (repeats of that set pooled): (new tokens, seconds decoding),
+    as ``batch_stats`` counts them."""
+    spans: dict[str, list] = {}
+    for r in records:
+        clock = r.get("clock")
+        if not clock:
+            continue
+        part = spans.setdefault(clock["segment"], [set(), 0, math.inf, -math.inf])
+        part[0].add(r["question_id"])
+        part[1] += sum(r["choices"][0]["new_tokens"])
+        for start, end in clock["turns"]:
+            part[2], part[3] = min(part[2], start), max(part[3], end)
+    out: dict[frozenset, tuple[int, float]] = {}
+    for questions, tokens, start, end in spans.values():
+        was = out.get(frozenset(questions), (0, 0.0))
+        out[frozenset(questions)] = (was[0] + tokens, was[1] + end - start)
+    return out
+
+
+def load_interval(records: list[dict], baseline: list[dict], resamples: int = RESAMPLES,
+                  seed: int = 0) -> tuple[float, float] | None:
+    """The 95% interval of ``load_speedup`` (the module's "under load"): a paired bootstrap over the parts both runs
+    decoded of the same questions; None with fewer than two. Worked example: parts of (100 tokens, 1 s) and
+    (100, 2 s) against the baseline's (100, 2 s) and (100, 2 s) resample to 2.0, 1.0 or 4/3: the interval spans
+    [1.0, 2.0]."""
+    ours, theirs = parts(records), parts(baseline)
+    common = [q for q in ours if q in theirs]
+    if len(common) < 2:
+        return None
+    a = np.array([ours[q] for q in common], float)  # part, (tokens, seconds)
+    b = np.array([theirs[q] for q in common], float)
+    draws = np.random.default_rng(seed).integers(0, len(common), (resamples, len(common)))
+    sa, sb = a[draws].sum(axis=1), b[draws].sum(axis=1)  # resample, (tokens, seconds)
+    ratio = (sa[:, 0] / sa[:, 1]) / (sb[:, 0] / sb[:, 1])
+    tail = 100 * (1 - INTERVAL) / 2
+    return float(np.percentile(ratio, tail)), float(np.percentile(ratio, 100 - tail))
 
 
 def crossover(points: list[tuple[int, float]]) -> float | None:

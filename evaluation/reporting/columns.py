@@ -78,7 +78,7 @@ METRICS = [
            tables=("speed",)),
     Column("throughput", "Throughput (tok/s)", "throughput (tokens/s)", tables=("speed", "batch")),
     # the main table's speedup is per request; a batch table's (the same key there) is its throughput's
-    Column("speedup", "Speedup", "speedup", unit="×", spread=True, interval=("main", "speed"),
+    Column("speedup", "Speedup", "speedup", unit="×", spread=True, interval=("main", "speed", "batch"),
            tables=("main", "speed", "batch", "reasoning")),
     Column("speedup_specbench", "Speedup (Spec-Bench)", "speedup (Spec-Bench)", unit="×", tables=("speed",)),
     Column("throughput_speedup", "Speedup in throughput", "speedup in throughput", unit="×", tables=("speed",)),

@@ -355,7 +355,7 @@ def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: st
     """``speedup_vs_batch``: per method (``evaluation.reporting.tables.batch_table``), its speedup in throughput over vanilla at
     the same batch size against the batch size, on a log2 axis, with the dashed line of no speedup; where a method
     falls below it (``evaluation.records.metrics.crossover``) is marked with an x, and its legend entry says where, or that it
-    never does."""
+    never does; each point's 95% interval (``load_interval``), where its runs have one, as an error bar."""
     rows = batch[~batch["baseline"].astype(bool) & batch["speedup"].notna()]
     if not len(rows):
         return []
@@ -370,6 +370,9 @@ def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: st
         x, where = crossing[model, method]
         ax.plot(t["batch_size"], t["speedup"], marker="o", ms=4, color=colour, label=f"{name}: {where}",
                 ls=":" if "budget=" in method else "-")  # a per-step budget's line dotted beside its method's
+        if t["speedup_lo"].notna().any():  # its 95% interval, paired over the timed parts (load_interval)
+            ax.errorbar(t["batch_size"], t["speedup"], yerr=_error_bars(t, "speedup"), fmt="none", ecolor=colour,
+                        elinewidth=0.8, capsize=2)
         if x is not None:
             ax.plot([x], [1.0], marker="x", ms=9, mew=2, color=colour, ls="none")
     ax.axhline(1.0, color="0.2", lw=0.8, ls="--")

@@ -14,6 +14,7 @@ from evaluation.records.metrics import (
     crossover,
     depth_acceptance,
     drafter_table,
+    load_interval,
     load_speedup,
     long_stats,
     position_table,
@@ -147,18 +148,23 @@ UNDER_LOAD = [c.key for c in columns("batch") if c.key not in ("mat", "speedup")
 def batch_table(groups: list[Group], stats: pd.DataFrame) -> pd.DataFrame:
     """Long table of a batched report (``batched``), one row per group: model, method (its label without the batch
     size), batch_size, baseline, mat (the main table's), the numbers under load of ``evaluation.records.metrics.batch_stats``
-    (repeats pooled) and speedup (``load_speedup``: over its baseline, vanilla at the same batch size). Empty when the
-    runs are not batched."""
-    cols = ["model", "method", "batch_size", "baseline", "mat", "speedup"] + UNDER_LOAD
+    (repeats pooled) and speedup (``load_speedup``: over its baseline, vanilla at the same batch size) with its 95%
+    interval (``speedup_lo``, ``speedup_hi``: ``load_interval``, where the runs were timed in paired parts). Empty
+    when the runs are not batched."""
+    cols = ["model", "method", "batch_size", "baseline", "mat", "speedup", "speedup_lo", "speedup_hi"] + UNDER_LOAD
     if not batched(groups):
         return pd.DataFrame(columns=cols)
     rows = []
     for g in groups:
         load = batch_stats(g.records)
-        speedup = load_speedup(g.records, [r for b in g.baseline for r in b.records])
+        base = [r for b in g.baseline for r in b.records]
+        speedup = load_speedup(g.records, base)
+        span = load_interval(g.records, base) if speedup is not None and not g.is_baseline else None
+        span = span or (math.nan, math.nan)
         overall = stats[(stats["model"] == g.model) & (stats["method"] == g.label) & (stats["task"] == OVERALL)]
         rows.append({"model": g.model, "method": g.series, "batch_size": g.batch_size, "baseline": g.is_baseline,
                      "mat": overall["mat"].iloc[0], "speedup": math.nan if speedup is None else speedup,
+                     "speedup_lo": span[0], "speedup_hi": span[1],
                      **{k: math.nan if load[k] is None else load[k] for k in UNDER_LOAD}})
     return pd.DataFrame(rows, columns=cols)
 

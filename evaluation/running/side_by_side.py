@@ -29,7 +29,8 @@ from methods.common import HarnessError, write_jsonl_atomic
 from methods.decode import Generation, PhaseTimer
 
 GENERATE = "generate"
-CHUNK = 4  # at batch B, each method answers CHUNK * B questions in a row: the batch stays full for most of the chunk
+CHUNK = 4  # at batch B, by default each method answers CHUNK * B questions in a row: the batch stays full for most of
+# the chunk; a smaller chunk (``compose``'s ``chunk``) interleaves the methods more finely where the machine drifts
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Bench:
     cfgs: dict[str, DictConfig]
     questions: list[Question]
     batch: int
+    chunk: int  # questions each method answers in a row, its turn (decode)
     runners: dict[str, Runner] = field(default_factory=dict)
     groups: dict[tuple, list[str]] = field(default_factory=dict)  # (model, sampling) -> labels; first: reference
     records: dict[str, list[dict]] = field(default_factory=dict)
@@ -49,9 +51,11 @@ def sampling_key(cfg) -> str:
     return repr(sampling_settings(cfg))
 
 
-def compose(methods: list[str], common: list[str], batch: int, generate: bool = False) -> Bench:
+def compose(methods: list[str], common: list[str], batch: int, generate: bool = False,
+            chunk: int | None = None) -> Bench:
     """1. Every method's config (``common`` overrides first) and the questions, and what the settings alone
-    refuse, before any model loads."""
+    refuse, before any model loads. ``chunk``: the questions each method answers in its turn (default one at batch
+    size 1, ``CHUNK`` * B at B)."""
     labels = [m.replace("method=", "").replace(" ", ",") for m in methods]
     cfgs = [compose_config(common + m.split()) for m in methods]
     questions = folder.selection(cfgs[0])
@@ -64,7 +68,11 @@ def compose(methods: list[str], common: list[str], batch: int, generate: bool = 
             raise HarnessError(f"a method sets runtime.batch_size={batch_size(cfg)}: give the batch size of every "
                                f"method with --batch (here {batch})")
     folder.check_batch(batch, len(questions))
-    bench = Bench(labels, dict(zip(labels, cfgs)), questions, batch)
+    chunk = chunk or (1 if batch == 1 else CHUNK * batch)
+    if chunk < batch:
+        raise HarnessError(f"--chunk {chunk} is smaller than the batch ({batch}): a chunk of fewer questions than "
+                           f"rows never fills the batch; give --chunk {batch} or more")
+    bench = Bench(labels, dict(zip(labels, cfgs)), questions, batch, chunk)
     if generate:
         bench.cfgs[GENERATE] = compose_config(common + ["method=vanilla"])
     return bench
@@ -94,14 +102,15 @@ def warm_up(bench: Bench, passes: int, phases: bool = False) -> None:
 
 
 def decode(bench: Bench, progress: bool = True) -> None:
-    """4. Every question by every method, question by question (at batch B, chunks of CHUNK * B questions), the
-    order of the methods rotating from one to the next so that a busy machine slows all alike; each chunk is its
-    method's own clock segment, so that its throughput counts its own decoding alone."""
+    """4. Every question by every method, chunk by chunk (``bench.chunk`` questions: one at batch size 1), the
+    order of the methods rotating from one chunk to the next so that a busy machine slows all alike; each chunk is
+    its method's own clock segment, so that its throughput counts its own decoding alone (and the chunks pair the
+    methods' throughputs: ``evaluation.records.metrics.load_interval``)."""
     from tqdm import tqdm
 
     bench.records = {label: [] for label in bench.runners}
     order = list(bench.runners)
-    chunk = 1 if bench.batch == 1 else CHUNK * bench.batch
+    chunk = bench.chunk
     with tqdm(total=len(bench.questions), desc="questions", unit="q", disable=not progress) as bar:
         for i, at in enumerate(range(0, len(bench.questions), chunk)):
             part = bench.questions[at: at + chunk]
@@ -123,7 +132,7 @@ def write(bench: Bench, out: Path) -> None:
         folder.write_config(out / label, bench.cfgs[label])
         folder.write_summary(out / label, folder.summary(
             r, bench.cfgs[label], "finished", len(bench.questions), method=GENERATE if label == GENERATE else None,
-            side_by_side=list(bench.runners), session=session))
+            side_by_side=list(bench.runners), session=session, chunk=bench.chunk))
 
 
 def check(bench: Bench, out: Path) -> tuple[list[str], list[tuple[str, str]]]:
