@@ -87,23 +87,31 @@ def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5, row
     return out
 
 
-def cost_curve(rows: list[dict]) -> dict[int, float]:
-    """ms per forward for every N from 1 to the largest measured, from each size's fastest repeat (a
-    shared machine's spikes only ever add time), fitted non-decreasing in N (adjacent sizes that
-    violate the order are pooled into their mean), linear between measured sizes."""
-    pts = sorted((r["tokens"], r.get("ms_min", r["ms"])) for r in rows)
-    blocks: list[list[float]] = []  # [sum, count, n of the block's sizes...] pooled left to right
-    for n, ms in pts:
-        blocks.append([ms, 1, n])
+def monotone(points: dict[int, float]) -> list[tuple[int, float]]:
+    """(n, ms) sorted by n, made non-decreasing in n: adjacent sizes that violate the order are pooled into their
+    mean (a cost measured lower at a larger size is noise).
+
+    >>> monotone({1: 2.0, 2: 1.0, 4: 3.0})
+    [(1, 1.5), (2, 1.5), (4, 3.0)]
+    """
+    blocks: list[list] = []  # [sum, count, [sizes]], pooled left to right
+    for n, ms in sorted(points.items()):
+        blocks.append([ms, 1, [n]])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             last = blocks.pop()
             blocks[-1][0] += last[0]
             blocks[-1][1] += last[1]
-            blocks[-1].extend(last[2:])
-    fitted = {n: b[0] / b[1] for b in blocks for n in b[2:]}
+            blocks[-1][2] += last[2]
+    return [(n, b[0] / b[1]) for b in blocks for n in b[2]]
+
+
+def cost_curve(rows: list[dict]) -> dict[int, float]:
+    """ms per forward for every N from 1 to the largest measured, from each size's fastest repeat (a
+    shared machine's spikes only ever add time), fitted non-decreasing in N (``monotone``), linear between
+    measured sizes."""
+    fitted = monotone({r["tokens"]: r.get("ms_min", r["ms"]) for r in rows})
     curve = {}
-    for (n0, _), (n1, _) in zip(pts, pts[1:] + [pts[-1]]):
-        c0, c1 = fitted[n0], fitted[n1]
+    for (n0, c0), (n1, c1) in zip(fitted, fitted[1:] + fitted[-1:]):
         for n in range(n0, max(n1, n0 + 1)):
             curve[n] = c0 + (c1 - c0) * (n - n0) / (n1 - n0) if n1 > n0 else c0
     return curve

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from methods.autotree import monotone
 from methods.base import Draft, Verification
 from methods.common import HarnessError
 from methods.tree import Tree
@@ -147,7 +148,7 @@ class Cost:
 
     def __init__(self, table: dict[int, dict[int, float]]):
         self.table = {int(r): {int(n): float(ms) for n, ms in points.items()} for r, points in table.items()}
-        self.curves = {r: np.array(_monotone(points), dtype=float).T for r, points in self.table.items()}
+        self.curves = {r: np.array(monotone(points), dtype=float).T for r, points in self.table.items()}
         self.row_counts = sorted(self.curves)
 
     def __call__(self, rows: int, slots):
@@ -162,19 +163,6 @@ class Cost:
         else:
             ms = a + (b - a) * (rows - lo) / (hi - lo)
         return float(ms) if ms.ndim == 0 else ms
-
-
-def _monotone(points: dict[int, float]) -> list[tuple[int, float]]:
-    """(n, ms) sorted by n, made non-decreasing (adjacent violators pooled into their mean)."""
-    blocks: list[list] = []
-    for n, ms in sorted(points.items()):
-        blocks.append([ms, 1, [n]])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            last = blocks.pop()
-            blocks[-1][0] += last[0]
-            blocks[-1][1] += last[1]
-            blocks[-1][2] += last[2]
-    return [(n, b[0] / b[1]) for b in blocks for n in b[2]]
 
 
 def _at(curve: np.ndarray, n: np.ndarray) -> np.ndarray:

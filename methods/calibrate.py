@@ -138,19 +138,23 @@ def auto_tree(tr, prep: Preparation) -> tuple[Tree, dict]:
     return tree, info
 
 
-_COSTS: dict[tuple[int, int], tuple[object, list[dict]]] = {}
+_COSTS: dict[tuple, tuple[object, list[dict]]] = {}
 
 
 def engine_cost(engine, rows: int = 1) -> list[dict]:
     """``measure_cost`` of this engine with ``rows`` rows per forward (the run's batch size: a tree is chosen for
-    what verifying rows x N tokens costs), measured once per run (a hybrid's two drafters share it)."""
-    key = (id(engine), rows)
-    if key not in _COSTS or _COSTS[key][0] is not engine:
+    what verifying rows x N tokens costs), measured once per process for the engines whose forwards cost the same:
+    one model (the same weights), engine kind, step mode, packing and thread count. The methods side by side in one
+    run (``scripts.bench_methods``: TR ``tree=auto`` with and without a budget) and a hybrid's two drafters so size
+    their drafts from one measurement, and differ only in what they were set to differ in."""
+    threads = engine.threads or torch.get_num_threads()
+    key = (id(engine.model), type(engine).__name__, engine.step_mode, getattr(engine, "pack", None), threads, rows)
+    if key not in _COSTS or _COSTS[key][0] is not engine.model:
         print(f"auto: timing this engine's verification of {len(SIZES)} step sizes ({min(SIZES)} to {max(SIZES)} "
-              f"tokens{f', {rows} rows' if rows > 1 else ''}) to size the drafts for this machine (once per run)",
+              f"tokens{f', {rows} rows' if rows > 1 else ''}) to size the drafts for this machine (once per process)",
               flush=True)
         t = time.perf_counter()
-        _COSTS[key] = (engine, measure_cost(engine, rows=rows))
+        _COSTS[key] = (engine.model, measure_cost(engine, rows=rows))
         print(f"auto: timed in {time.perf_counter() - t:.0f} s", flush=True)
     return _COSTS[key][1]
 

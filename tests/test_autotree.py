@@ -65,6 +65,24 @@ def test_measured_candidates_decide_when_given():
     assert choose_tree(p, cost, k=2, measured={1: 1.05, 4: 1.2})["drafts"] == 0  # nothing beats a plain step
 
 
+def test_one_measurement_per_process_for_engines_that_cost_the_same(tiny_model, monkeypatch):
+    """Two methods side by side on one model (two static engines) share one cost measurement, so that tree=auto
+    with and without a budget draft the same tree; another batch size, engine kind or thread count is measured
+    on its own."""
+    from methods.engine import HFEngine, StaticEngine
+
+    measured = []
+    monkeypatch.setattr(calibrate, "_COSTS", {})
+    monkeypatch.setattr(calibrate, "measure_cost", lambda engine, rows=1: measured.append((engine, rows)) or [])
+    a, b, hf = StaticEngine(tiny_model), StaticEngine(tiny_model), HFEngine(tiny_model)
+    assert calibrate.engine_cost(a, 2) is calibrate.engine_cost(b, 2) and measured == [(a, 2)]
+    calibrate.engine_cost(b, 4)
+    calibrate.engine_cost(hf, 2)
+    b.threads = (a.threads or torch.get_num_threads()) + 1
+    calibrate.engine_cost(b, 2)
+    assert measured == [(a, 2), (b, 4), (hf, 2), (b, 2)]
+
+
 def test_tr_keeps_the_chosen_tree_in_its_state():
     auto = build_proposer("tr", {"tree": "auto"}, vocab_size=96, device=CPU)
     assert auto.tree.size == 1  # a plain step until a tree is chosen

@@ -234,6 +234,9 @@ class TokenRecycling(Proposer):
         (index_put_ leaves the order of duplicate writes unspecified).
         """
         top = top.to(self.M.dtype)  # [n, K]
+        if len(tokens) == 1:  # a plain step's root alone: nothing to deduplicate
+            self.M[tokens] = top
+            return
         if len(tokens) == self.tree.size:
             later, idx = self._later, self._idx
         else:
