@@ -36,6 +36,7 @@ import time
 import torch
 
 from methods.base import Draft
+from methods.budget import monotone
 from methods.engine.ops import sync
 from methods.tree import Tree, grow_tree
 from methods.verify import Check, verify_rows
@@ -85,24 +86,6 @@ def measure_cost(engine, sizes=SIZES, contexts=(CONTEXT,), repeats: int = 5, row
         plain = next(x["ms"] for x in out if x["context"] == r["context"] and x["tokens"] == min(sizes))
         r["vs_plain"] = r["ms"] / plain
     return out
-
-
-def monotone(points: dict[int, float]) -> list[tuple[int, float]]:
-    """(n, ms) sorted by n, made non-decreasing in n: adjacent sizes that violate the order are pooled into their
-    mean (a cost measured lower at a larger size is noise).
-
-    >>> monotone({1: 2.0, 2: 1.0, 4: 3.0})
-    [(1, 1.5), (2, 1.5), (4, 3.0)]
-    """
-    blocks: list[list] = []  # [sum, count, [sizes]], pooled left to right
-    for n, ms in sorted(points.items()):
-        blocks.append([ms, 1, [n]])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            last = blocks.pop()
-            blocks[-1][0] += last[0]
-            blocks[-1][1] += last[1]
-            blocks[-1][2] += last[2]
-    return [(n, b[0] / b[1]) for b in blocks for n in b[2]]
 
 
 def cost_curve(rows: list[dict]) -> dict[int, float]:

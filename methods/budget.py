@@ -49,7 +49,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from methods.autotree import monotone
 from methods.base import Draft, Verification
 from methods.common import HarnessError
 from methods.tree import Tree
@@ -163,6 +162,24 @@ class Cost:
         else:
             ms = a + (b - a) * (rows - lo) / (hi - lo)
         return float(ms) if ms.ndim == 0 else ms
+
+
+def monotone(points: dict[int, float]) -> list[tuple[int, float]]:
+    """(n, ms) sorted by n, made non-decreasing in n: adjacent sizes that violate the order are pooled into their
+    mean (a cost measured lower at a larger size is noise).
+
+    >>> monotone({1: 2.0, 2: 1.0, 4: 3.0})
+    [(1, 1.5), (2, 1.5), (4, 3.0)]
+    """
+    blocks: list[list] = []  # [sum, count, [sizes]], pooled left to right
+    for n, ms in sorted(points.items()):
+        blocks.append([ms, 1, [n]])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            blocks[-1][0] += last[0]
+            blocks[-1][1] += last[1]
+            blocks[-1][2] += last[2]
+    return [(n, b[0] / b[1]) for b in blocks for n in b[2]]
 
 
 def _at(curve: np.ndarray, n: np.ndarray) -> np.ndarray:
