@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -138,7 +139,7 @@ def auto_tree(tr, prep: Preparation) -> tuple[Tree, dict]:
     return tree, info
 
 
-_COSTS: dict[tuple, tuple[object, list[dict]]] = {}
+_COSTS: dict[tuple, tuple[weakref.ref, list[dict]]] = {}
 
 
 def engine_cost(engine, rows: int = 1) -> list[dict]:
@@ -149,12 +150,12 @@ def engine_cost(engine, rows: int = 1) -> list[dict]:
     their drafts from one measurement, and differ only in what they were set to differ in."""
     threads = engine.threads or torch.get_num_threads()
     key = (id(engine.model), type(engine).__name__, engine.step_mode, getattr(engine, "pack", None), threads, rows)
-    if key not in _COSTS or _COSTS[key][0] is not engine.model:
+    if key not in _COSTS or _COSTS[key][0]() is not engine.model:  # a model freed since: its id may be another's
         print(f"auto: timing this engine's verification of {len(SIZES)} step sizes ({min(SIZES)} to {max(SIZES)} "
               f"tokens{f', {rows} rows' if rows > 1 else ''}) to size the drafts for this machine (once per process)",
               flush=True)
         t = time.perf_counter()
-        _COSTS[key] = (engine.model, measure_cost(engine, rows=rows))
+        _COSTS[key] = (weakref.ref(engine.model), measure_cost(engine, rows=rows))  # keeps no model alive
         print(f"auto: timed in {time.perf_counter() - t:.0f} s", flush=True)
     return _COSTS[key][1]
 

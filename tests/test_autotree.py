@@ -81,6 +81,10 @@ def test_one_measurement_per_process_for_engines_that_cost_the_same(tiny_model, 
     b.threads = (a.threads or torch.get_num_threads()) + 1
     calibrate.engine_cost(b, 2)
     assert measured == [(a, 2), (b, 4), (hf, 2), (b, 2)]
+    key = next(iter(calibrate._COSTS))
+    calibrate._COSTS[key] = (lambda: None, [])  # the model measured under this key was freed
+    calibrate.engine_cost(a, 2)
+    assert measured[-1] == (a, 2)  # a model that took its id is measured anew
 
 
 def test_tr_keeps_the_chosen_tree_in_its_state():
