@@ -33,6 +33,7 @@ method's step time into forward, drafting (propose), acceptance, update and cach
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -126,7 +127,7 @@ def report(args, b: sbs.Bench, out: Path) -> None:
     if args.batch > 1:
         rates = throughput_table(b.records, b.labels[0])
         print(f"\nthroughput at batch {args.batch} (tokens/s over each method's own decoding time; 95% interval "
-              f"paired over the {len(b.questions) // b.chunk + bool(len(b.questions) % b.chunk)} chunks of "
+              f"paired over the {math.ceil(len(b.questions) / b.chunk)} chunks of "
               f"{b.chunk} questions):")
         print(markdown(rates, digits=2))
         rates.to_csv(out / "throughput.csv", index=False)

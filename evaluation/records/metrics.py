@@ -268,7 +268,6 @@ def batch_stats(records: list[dict]) -> dict:
     """``throughput``, ``ttft_*`` and ``tpot_*`` (mean, p50, p90), ``forward_tokens`` and ``padding`` of one run's
     records (the module's "under load"), and its ``batch_size``; None for what the records do not hold (a run
     without ``clock``: Spec-Bench's files, runs from before it was recorded)."""
-    spans: dict[str, list[float]] = {}
     tokens, ttft, tpot = 0, [], []
     forwards = slots = real = 0.0
     steps = offered = kept = 0
@@ -276,12 +275,7 @@ def batch_stats(records: list[dict]) -> dict:
     size = None
     for r in records:
         c = r["choices"][0]
-        clock = r.get("clock")
-        if clock:
-            size = clock.get("batch_size", size)
-            part = spans.setdefault(clock["segment"], [math.inf, -math.inf])
-            for start, end in clock["turns"]:
-                part[0], part[1] = min(part[0], start), max(part[1], end)
+        size = (r.get("clock") or {}).get("batch_size", size)
         tokens += sum(c["new_tokens"])
         for first, wall, n in zip(c.get("first_token_time", []), c["wall_time"], c["new_tokens"]):
             if first is not None:
@@ -305,8 +299,9 @@ def batch_stats(records: list[dict]) -> dict:
             if e is not None:
                 expected.append(e)
                 realised.append(a)
-    seconds = sum(end - start for start, end in spans.values())
-    out = {"batch_size": size, "throughput": tokens / seconds if spans and seconds > 0 else None,
+    timed = parts(records)
+    seconds = sum(s for _, s in timed.values())
+    out = {"batch_size": size, "throughput": tokens / seconds if timed and seconds > 0 else None,
            "forward_tokens": slots / forwards if forwards else None,
            "padding": round(1 - real / slots, 9) + 0.0 if slots else None,  # no -0.0 from the 1/r fractions' sums
            # a per-step budget (methods.budget): nodes drafted and verified per step, and the tokens the steps it chose
@@ -332,15 +327,15 @@ def load_speedup(records: list[dict], baseline: list[dict]) -> float | None:
 
 
 def parts(records: list[dict]) -> dict[frozenset, tuple[int, float]]:
-    """Per set of questions decoded in one clock segment (repeats of that set pooled): (new tokens, seconds decoding),
-    as ``batch_stats`` counts them."""
+    """Per set of questions decoded in one clock segment (repeats of that set pooled): (new tokens, seconds decoding:
+    the segment's last turn's end less its first turn's start), the parts ``batch_stats``' throughput sums."""
     spans: dict[str, list] = {}
     for r in records:
         clock = r.get("clock")
         if not clock:
             continue
         part = spans.setdefault(clock["segment"], [set(), 0, math.inf, -math.inf])
-        part[0].add(r["question_id"])
+        part[0].add(r.get("question_id"))
         part[1] += sum(r["choices"][0]["new_tokens"])
         for start, end in clock["turns"]:
             part[2], part[3] = min(part[2], start), max(part[3], end)
