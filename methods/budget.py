@@ -54,7 +54,8 @@ from methods.common import HarnessError
 from methods.tree import Tree
 
 PRIOR = 0.5  # a node's odds given its parent's acceptance before anything is learned
-DEPTH_WEIGHT = 8.0  # pseudo-tries of the prior in a depth's rate
+TAIL_WEIGHT = 2.0  # pseudo-tries of the prior in the rate of the depths from d on
+DEPTH_WEIGHT = 8.0  # pseudo-tries of that rate in depth d's
 KEY_WEIGHT = 8.0  # pseudo-tries of the depth's rate in a (depth, key) rate
 MAX_DEPTH = 32  # deeper nodes share the statistics of this depth
 MAX_KEY = 63  # larger keys share the statistics of this one
@@ -67,8 +68,11 @@ class Odds:
     """A draft node's probability of acceptance given its parent's, per (depth, key), learned from verifications.
 
     ``p(d, k) = (hits[d, k] + KEY_WEIGHT * q(d)) / (tries[d, k] + KEY_WEIGHT)``, with the depth's rate
-    ``q(d) = (hits[d] + DEPTH_WEIGHT * PRIOR) / (tries[d] + DEPTH_WEIGHT)``: a try is a node whose parent was accepted,
-    a hit one that was accepted itself. Every step (``forget``) weighs what was learned before by ``DECAY`` less: a
+    ``q(d) = (hits[d] + DEPTH_WEIGHT * t(d)) / (tries[d] + DEPTH_WEIGHT)`` and that of the depths from d on
+    ``t(d) = (hits[>= d] + TAIL_WEIGHT * PRIOR) / (tries[>= d] + TAIL_WEIGHT)``: a try is a node whose parent was
+    accepted, a hit one that was accepted itself. Deep nodes are tried rarely, and a chain that got that far tends to
+    go on (a copied passage: PLD's and SAM's depth-4 nodes are accepted about 0.9 of the time against 0.3 at depth 1),
+    so a deep node's few tries lean on the deeper nodes' together rather than on the prior. Every step (``forget``) weighs what was learned before by ``DECAY`` less: a
     drafter's accuracy drifts (Token Recycling's matrix fills, a passage to copy comes and goes), and odds learned low
     drift back towards the prior while nothing is verified, so that the drafts are tried again.
 
@@ -77,7 +81,7 @@ class Odds:
     0.5
     >>> odds.learn((-1, 0, 0, 1), [0, 1, 1, 2], [0, 0, 1, 0], [True] * 4, [0, 1, 3])
     >>> round(odds.p(1, 0), 4), round(odds.p(1, 1), 4), round(odds.p(2, 0), 4)
-    (0.5556, 0.4444, 0.6049)
+    (0.6267, 0.5156, 0.7366)
     >>> for _ in range(1000):
     ...     odds.forget()
     >>> round(odds.p(1, 0), 4)
@@ -89,6 +93,8 @@ class Odds:
         self.tries: dict[tuple[int, int], float] = defaultdict(float)
         self.depth_hits: dict[int, float] = defaultdict(float)
         self.depth_tries: dict[int, float] = defaultdict(float)
+        self.tail_hits: dict[int, float] = defaultdict(float)  # of the depths from d on
+        self.tail_tries: dict[int, float] = defaultdict(float)
         self.unit = 1.0  # what a try learned now counts, in the counts' units (1 / the weight of a count)
         self.known: dict[tuple[int, int], float] = {}  # p's answers since the last forget or learn
 
@@ -96,7 +102,8 @@ class Odds:
         d, k = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY)
         if (d, k) not in self.known:
             w = 1 / self.unit
-            q = (w * self.depth_hits[d] + DEPTH_WEIGHT * PRIOR) / (w * self.depth_tries[d] + DEPTH_WEIGHT)
+            t = (w * self.tail_hits[d] + TAIL_WEIGHT * PRIOR) / (w * self.tail_tries[d] + TAIL_WEIGHT)
+            q = (w * self.depth_hits[d] + DEPTH_WEIGHT * t) / (w * self.depth_tries[d] + DEPTH_WEIGHT)
             self.known[d, k] = (w * self.hits[d, k] + KEY_WEIGHT * q) / (w * self.tries[d, k] + KEY_WEIGHT)
         return self.known[d, k]
 
@@ -105,7 +112,7 @@ class Odds:
         self.known.clear()
         self.unit /= DECAY
         if self.unit > 1e9:  # bring the counts back to units of one try
-            for table in (self.hits, self.tries, self.depth_hits, self.depth_tries):
+            for table in (self.hits, self.tries, self.depth_hits, self.depth_tries, self.tail_hits, self.tail_tries):
                 for key in table:
                     table[key] /= self.unit
             self.unit = 1.0
@@ -123,6 +130,9 @@ class Odds:
                 self.hits[d, k] += hit
                 self.depth_tries[d] += unit
                 self.depth_hits[d] += hit
+                for shallower in range(1, d + 1):
+                    self.tail_tries[shallower] += unit
+                    self.tail_hits[shallower] += hit
 
     def state_dict(self) -> dict:
         return {"hits": [[d, k, v / self.unit] for (d, k), v in self.hits.items()],
@@ -130,10 +140,12 @@ class Odds:
 
     def load_state_dict(self, state: dict) -> None:
         self.__init__()
-        for name, depth_name in (("hits", "depth_hits"), ("tries", "depth_tries")):
+        for name in ("hits", "tries"):
             for d, k, v in state.get(name, []):
                 getattr(self, name)[int(d), int(k)] = v
-                getattr(self, depth_name)[int(d)] += v
+                getattr(self, f"depth_{name}")[int(d)] += v
+                for shallower in range(1, int(d) + 1):
+                    getattr(self, f"tail_{name}")[shallower] += v
 
 
 class Cost:
@@ -149,9 +161,14 @@ class Cost:
         self.table = {int(r): {int(n): float(ms) for n, ms in points.items()} for r, points in table.items()}
         self.curves = {r: np.array(monotone(points), dtype=float).T for r, points in self.table.items()}
         self.row_counts = sorted(self.curves)
+        self.known: dict[tuple[int, int], float] = {}  # answers for whole numbers: a step asks the same ones again
 
     def __call__(self, rows: int, slots):
         """The cost of ``slots`` token positions (a number, or an array of them: the costs of as many forwards)."""
+        if isinstance(slots, int):
+            if (rows, slots) not in self.known:
+                self.known[rows, slots] = float(self(rows, np.array([slots]))[0])
+            return self.known[rows, slots]
         per = np.asarray(slots, dtype=float) / rows
         counts = self.row_counts
         lo = max([r for r in counts if r <= rows], default=counts[0])
@@ -232,8 +249,8 @@ def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, np.ndarray], np
     Items are the rows' nodes (a ``whole`` draft: one item of all its nodes), ranked by their expected tokens per
     token forwarded; the forward takes the best prefix of that ranking (the empty one: every row a plain step).
     A node never ranks above its parent (its odds are at most its parent's; ties go to the earlier node), so every
-    prefix is prefix-closed. ``cost(rows, slots)``: the milliseconds of forwards of ``slots`` token positions, an
-    array of them (``Cost``). ``ragged``: a forward costs its rows' total size; else ``engine_rows`` rows (all the
+    prefix is prefix-closed. ``cost(rows, slots)``: the milliseconds of a forward of ``slots`` token positions
+    (``Cost``). ``ragged``: a forward costs its rows' total size; else ``engine_rows`` rows (all the
     engine's) at the widest row's size.
 
     >>> flat = lambda rows, slots: 10.0                      # a free forward (a GPU's flat curve): keep everything
@@ -253,20 +270,21 @@ def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, np.ndarray], np
         else:
             items.extend((v[i], r, i, [i], v[i]) for i in range(1, len(v)) if v[i] > 0)
     items.sort(key=lambda it: (-it[0], it[1], it[2]))
-    # the forward's rate after each prefix of the ranking (the empty one first), all at once
-    gained = np.concatenate(([0.0], np.cumsum([it[4] for it in items])))
-    if ragged:
-        forward_rows, slots = rows, rows + np.concatenate(([0], np.cumsum([len(it[3]) for it in items])))
-    else:
-        sizes, widest = [1] * rows, [1]
-        for _, r, _, nodes, _ in items:
+    # the forward's rate after each prefix of the ranking, the empty one first; the first best: the fewest nodes
+    forward_rows = rows if ragged else engine_rows or rows
+    gained, slots, sizes, widest = 0.0, rows, [1] * rows, 1
+    best_m, best = 0, rows / cost(forward_rows, rows if ragged else forward_rows)
+    for m, (_, r, _, nodes, gain) in enumerate(items, 1):
+        gained += gain
+        if ragged:
+            slots += len(nodes)
+        else:
             sizes[r] += len(nodes)
-            widest.append(max(widest[-1], sizes[r]))
-        forward_rows = engine_rows or rows
-        slots = forward_rows * np.array(widest)
-    rates = (rows + gained) / np.broadcast_to(cost(forward_rows, slots), slots.shape)
-    best_m = int(np.argmax(rates))  # the first best: the fewest nodes
-    best = float(rates[best_m])
+            widest = max(widest, sizes[r])
+            slots = forward_rows * widest
+        rate = (rows + gained) / cost(forward_rows, slots)
+        if rate > best:
+            best_m, best = m, rate
     kept = [[0] for _ in range(rows)]
     for _, r, _, nodes, _ in items[:best_m]:
         kept[r].extend(nodes)
@@ -424,17 +442,19 @@ class Budget:
         self.pause.paid([chosen[r][1] - 1 for r in asked], [1000 * seconds[r] * rate for r in asked])
         if probe is not None and chosen[probe][0] == [0]:
             chosen[probe] = best_node(offers[probe], self.odds)
+        cuts = [cut(d, kept) for d, (kept, _) in zip(drafts, chosen)]
         self.seconds += time.perf_counter() - t
-        return ([cut(d, kept) for d, (kept, _) in zip(drafts, chosen)],
-                [Plan(n, e, asked) for n, (_, e), asked in zip(offered, chosen, drafted)])
+        return cuts, [Plan(n, e, asked) for n, (_, e), asked in zip(offered, chosen, drafted)]
 
     def learn(self, draft: Draft, result: Verification) -> None:
         if self.policy != "auto" or draft.tree.size == 1 or result.past_answer:
             return
+        t = time.perf_counter()
         o = Offer.of(draft)
         self.odds.learn(o.parents, o.depths, o.keys, o.acceptable, result.path)
+        self.seconds += time.perf_counter() - t
 
-    def summary(self) -> dict:
+    def summary(self) -> dict:  # seconds_choosing: choosing, cutting and learning, the budget's own time
         out = {"policy": self.policy, "spec_off_above": self.off_above, "seconds_choosing": round(self.seconds, 3)}
         if self.cost is not None:
             out["cost_ms"] = {str(r): {str(n): round(ms, 3) for n, ms in p.items()} for r, p in self.cost.table.items()}
