@@ -72,9 +72,10 @@ class Odds:
     ``t(d) = (hits[>= d] + TAIL_WEIGHT * PRIOR) / (tries[>= d] + TAIL_WEIGHT)``: a try is a node whose parent was
     accepted, a hit one that was accepted itself. Deep nodes are tried rarely, and a chain that got that far tends to
     go on (a copied passage: PLD's and SAM's depth-4 nodes are accepted about 0.9 of the time against 0.3 at depth 1),
-    so a deep node's few tries lean on the deeper nodes' together rather than on the prior. Every step (``forget``) weighs what was learned before by ``DECAY`` less: a
-    drafter's accuracy drifts (Token Recycling's matrix fills, a passage to copy comes and goes), and odds learned low
-    drift back towards the prior while nothing is verified, so that the drafts are tried again.
+    so a deep node's few tries lean on the deeper nodes' together rather than on the prior. Every step (``forget``)
+    weighs what was learned before by ``DECAY`` less: a drafter's accuracy drifts (Token Recycling's matrix fills, a
+    passage to copy comes and goes), and odds learned low drift back towards the prior while nothing is verified, so
+    that the drafts are tried again.
 
     >>> odds = Odds()
     >>> odds.p(1, 0)
