@@ -4,6 +4,7 @@ size, a baseline of another batch size is refused, a report at batch size 1 alon
 experiment composes."""
 import json
 
+import pandas as pd
 import pytest
 
 from evaluation import report as rp
@@ -101,6 +102,16 @@ def test_the_crossover_is_interpolated_on_log2_of_the_batch_size(sweep, tmp_path
     assert crossover([(2, 1.5), (8, 0.5)]) == pytest.approx(4.0)  # the worked example of evaluation.records.metrics
     assert crossover([(4, 0.8), (1, 0.9), (2, 1.2)]) == 1.0  # below at the smallest batch size: there
     assert crossover([(1, 2.0), (16, 1.0)]) is None  # 1.0x is not below it
+    # with 95% intervals: a point below 1.0 whose interval reaches 1.0 is not a crossing; the next point clearly
+    # below is, at its own batch size (no interpolation from a point under 1.0)
+    assert crossover([(1, 0.99, 1.01), (2, 1.01, 1.03)]) is None
+    assert crossover([(1, 1.2, 1.3), (2, 0.99, 1.0), (4, 0.9, 0.95)]) == 4.0
+    assert crossover([(2, 1.5, 1.6), (8, 0.5, 0.6)]) == pytest.approx(4.0)
+    assert crossover([(2, 1.5, float("nan")), (8, 0.5, float("nan"))]) == pytest.approx(4.0)  # no interval: as before
+    near = pd.DataFrame({"model": "m", "method": ["x", "x", "y", "y"], "baseline": False, "batch_size": [1, 2, 1, 2],
+                         "speedup": [0.99, 1.01, 1.1, 0.9], "speedup_hi": [1.01, 1.03, 1.2, 0.95]})
+    assert crossovers(near) == {("m", "x"): (None, "not below 1.0× within its 95% interval up to B=2"),
+                                ("m", "y"): (pytest.approx(2 ** (0.1 / 0.2)), "below 1.0× from B≈1.41")}
     batch = rp.report([str(sweep)], tmp_path / "out", figures=False)["batch"]
     found = crossovers(batch)
     # tr: 1.6x at B=2, 0.5x at B=4: 0.6 of the 1.1 it falls lies above 1.0, so log2 B = 1 + 0.6 / 1.1.

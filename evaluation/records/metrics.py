@@ -77,7 +77,9 @@ Raw counters come from answer records (``new_tokens``, ``wall_time``,
 * **crossover** (``crossover``) of a method measured at several batch sizes: the first batch size at which its speedup
   under load falls below 1.0, interpolated linearly in log2 of the batch size between the measured point before (at
   or above 1.0) and the first one below (1.5x at B=2 and 0.5x at B=8 cross at B=4); the smallest batch size measured
-  when the speedup is below 1.0 there already, and none when it never falls below.
+  when the speedup is below 1.0 there already, and none when it never falls below. A point with a 95% interval
+  falls below only where the whole interval does (0.99x [0.97, 1.01] is not told apart from 1.0); after such a
+  point, the crossing is at the first point clearly below, not interpolated.
 * **per-drafter** numbers (hybrids, ``step_info``): a drafter's share of the steps
   that drafted, and the MAT of its steps (mean accept length over them).
 """
@@ -365,15 +367,18 @@ def load_interval(records: list[dict], baseline: list[dict], resamples: int = RE
     return float(np.percentile(ratio, tail)), float(np.percentile(ratio, 100 - tail))
 
 
-def crossover(points: list[tuple[int, float]]) -> float | None:
-    """The module's "crossover" of (batch size, speedup under load) points, in any order (missing speedups left
-    out); None when no speedup is below 1.0."""
-    points = sorted((size, s) for size, s in points if s is not None and not math.isnan(s))
-    for i, (size, speedup) in enumerate(points):
-        if speedup < 1.0:
-            if i == 0:
+def crossover(points: list[tuple]) -> float | None:
+    """The module's "crossover" of (batch size, speedup under load) points, or (batch size, speedup, its interval's
+    upper end), in any order (missing speedups left out); None when no speedup is clearly below 1.0."""
+    def known(x) -> bool:
+        return x is not None and not math.isnan(x)
+
+    points = sorted((size, s, *rest) for size, s, *rest in points if known(s))
+    for i, (size, speedup, *hi) in enumerate(points):
+        if speedup < 1.0 and not (hi and known(hi[0]) and hi[0] >= 1.0):
+            if i == 0 or points[i - 1][1] < 1.0:
                 return float(size)
-            before, above = points[i - 1]
+            before, above = points[i - 1][:2]
             share = (above - 1.0) / (above - speedup)  # of the way from the point before to this one, on log2 B
             return float(2 ** (math.log2(before) + share * (math.log2(size) - math.log2(before))))
     return None

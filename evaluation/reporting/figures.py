@@ -385,7 +385,7 @@ def plot_speedup_vs_batch(batch: pd.DataFrame, out: Path, footer: str, bench: st
     ax.set_title(f"Speedup under load ({bench})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, out, "speedup_vs_batch", footer + " · x: where a method's speedup falls below 1.0× "
-                       "(interpolated on log2 of the batch size)")
+                       "(interpolated on log2 of the batch size; with its 95% interval, where all of it does)")
 
 
 def plot_budget_calibration(groups: list[Group], out: Path, footer: str) -> list[Path]:

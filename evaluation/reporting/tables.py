@@ -190,14 +190,19 @@ def batch_markdown(long: pd.DataFrame, size: int) -> str:
 
 def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, str]]:
     """Per (model, method) of ``batch_table`` with a measured speedup: the batch size where it falls below 1.0x
-    (``evaluation.records.metrics.crossover``; None: it never does) and that as text: ``below 1.0× from B≈2.83``, or
-    ``above 1.0× up to B=16``."""
+    (``evaluation.records.metrics.crossover``, by each point's 95% interval where it has one; None: it never does)
+    and that as text: ``below 1.0× from B≈2.83``, ``above 1.0× up to B=16``, or ``not below 1.0× within its 95%
+    interval up to B=16`` (a point under 1.0 whose interval reaches it)."""
     out = {}
     methods = long[~long["baseline"].astype(bool) & long["speedup"].notna()]
     for key, t in methods.groupby(["model", "method"], sort=False):
-        x, sizes = crossover(list(zip(t["batch_size"], t["speedup"]))), set(t["batch_size"])
-        out[key] = x, (f"above 1.0× up to B={max(sizes)}" if x is None else
-                       f"below 1.0× from B{'=' if x in sizes else '≈'}{x:.3g}")
+        highs = t["speedup_hi"] if "speedup_hi" in t else [None] * len(t)
+        x, sizes = crossover(list(zip(t["batch_size"], t["speedup"], highs))), set(t["batch_size"])
+        if x is not None:
+            out[key] = x, f"below 1.0× from B{'=' if x in sizes else '≈'}{x:.3g}"
+        else:
+            within = "not below 1.0× within its 95% interval" if (t["speedup"] < 1.0).any() else "above 1.0×"
+            out[key] = None, f"{within} up to B={max(sizes)}"
     return out
 
 
