@@ -15,8 +15,10 @@ before it starts, goes on past a failing step, and writes its log and one CSV pe
    and TR's projected speedup (``--mat``, default the paper's Vicuna-7B MAT 2.70) per engine.
 3. ``batch`` (``batch_cost.csv``): one eager forward verifying B = 1, 4, 16, 64 rows of N = 1, 8, 32, 81 tokens
    after 512 cached ones per row (random Vicuna-7B), and per B the paper tree's, tree=auto's and ``budget=auto``'s
-   projections (``methods.budget`` cutting every row's paper tree with this table as its cost and the acceptance
-   table as its odds: the cost model the controller reads on this device).
+   projections for TR (``methods.budget`` cutting every row's paper tree with this table as its cost and the
+   embedded model's acceptance table as its odds: the cost model the controller reads on this device) and for
+   EAGLE-2 with ``budget=auto`` (its 60-node tree under odds fitted to its published MAT, the head's forwards
+   counted: ``eagle2_odds``, ``eagle2_projection``).
 4. ``lossless`` (``methods.csv``): every registered method (its ``example()`` settings: random heads, a one-layer
    drafter) on tiny random models built on the CPU and moved (``tiny``), against transformers' greedy
    ``generate`` on the CPU in fp32: Llama-3 in fp32 on the static engine with CUDA graphs, eager and the hf engine,
@@ -65,7 +67,7 @@ from methods.engine import HFEngine, StaticEngine  # noqa: E402
 from methods.engine.core import sdpa_backend, sdpa_choice  # noqa: E402
 from methods.engine.ops import sync  # noqa: E402
 from methods.sampling import Sampler, Sampling  # noqa: E402
-from methods.tree import load_template  # noqa: E402
+from methods.tree import Tree, grow_tree, load_template  # noqa: E402
 from scripts.shapes import random_model  # noqa: E402
 
 EXAMPLES = ROOT / "data/cache/gpu_check"  # what a method's example needs on disk (REST's datastore of PROMPTS)
@@ -77,6 +79,10 @@ NEW_TOKENS = 48  # per prompt (--cpu: 16)
 VOCAB = None  # the tiny models' vocabulary: their shape's own (--cpu: 8192; Llama-3's 128k took half the dry run)
 PAPER_NODES = 81  # the paper tree's 80 drafts and the root
 ACCEPT = ROOT / "data" / "trees" / "grown-n80-d6.json"  # its "source" holds the embedded model's acceptance table
+# EAGLE-2's mean accepted tokens per step on Vicuna-7B-v1.3, greedy, fp16 (hemingkx/Spec-Bench, Leaderboard.md at
+# 09244ff, its RTX 3090 table: 4.36): what the projection's stand-in for a real head's odds is fitted to (eagle2_odds)
+EAGLE2_MAT = 4.36
+EAGLE2_TREE = dict(total=60, depth=6, topk=10)  # EAGLE-2's reference settings (total_token 60, drafts to depth 6)
 TOKENIZER = ROOT / "data/cache/models/smollm2-135m"  # the decode step's tokenizer (set-up makes it; carry it)
 ENGINES = {"static-graphs": dict(compile="graphs"), "static": dict(compile=False), "hf": None}
 REFERENCE = "transformers' greedy generate on the CPU in fp32"
@@ -456,6 +462,54 @@ def budget_projection(accept: list[list[float]], measured: list[dict], rows: int
     return rate / (rows / cost(rows, rows)), sum(len(kept) for kept, _ in chosen) / rows
 
 
+def eagle2_odds(mat: float = EAGLE2_MAT, total: int = EAGLE2_TREE["total"], depth: int = EAGLE2_TREE["depth"],
+                topk: int = EAGLE2_TREE["topk"]) -> tuple[list[list[float]], Tree]:
+    """A stand-in for a real EAGLE-2 head's odds, where the check has none (its heads are random): the rank-r node
+    accepted given its parent with odds ``a * 2**-r`` at every depth (an assumed fall-off), ``a`` fitted by bisection
+    so that EAGLE-2's draft under these odds (the ``total - 1`` nodes of best joint odds, ``grow_tree``, as EAGLE-2
+    ranks its dynamic tree's nodes) expects ``mat`` tokens per step. (The table, the tree.)
+
+    >>> accept, tree = eagle2_odds(3.0)
+    >>> tree.size, round(1 + sum(Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * 60).values(
+    ...     TableOdds(accept))[1:]), 2)
+    (60, 3.0)
+    """
+    def fit(a: float):
+        accept = [[a * 2.0 ** -r for r in range(topk)]] * depth
+        tree = grow_tree(accept, total - 1, depth, topk)
+        offer = Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
+        return accept, tree, 1 + sum(offer.values(TableOdds(accept))[1:])
+
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        lo, hi = ((lo + hi) / 2, hi) if fit((lo + hi) / 2)[2] < mat else (lo, (lo + hi) / 2)
+    return fit((lo + hi) / 2)[:2]
+
+
+def head_share(model) -> float:
+    """What one forward of an EAGLE head (one decoder layer, its fc and the lm_head) costs against one of ``model``,
+    by the weights each reads (a step on a GPU at small batches reads its weights once)."""
+    def size(module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    layer, hidden = model.model.layers[0], model.config.hidden_size
+    return (size(layer) + 2 * hidden * hidden + size(model.lm_head)) / size(model)
+
+
+def eagle2_projection(accept, tree, measured: list[dict], rows: int, share: float) -> tuple[float, float]:
+    """``runtime.budget=auto`` on ``rows`` rows each drafting EAGLE-2's tree (``eagle2_odds``) with ``measured`` as
+    its cost, the drafting counted: the head's ``depth`` forwards of ``topk`` nodes a row, each ``share`` of a target
+    forward of that size (``head_share``). Where the drafts do not pay for the head, the budget's pause rests the
+    drafting (plain steps: 1.0). (Its tokens per second over a plain step's, the nodes a row keeps.)"""
+    cost = Cost({rows: {r["tokens"]: r["ms_min"] for r in measured}})
+    offer = Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
+    chosen, _ = choose([offer] * rows, TableOdds(accept), cost)
+    kept = sum(len(k) for k, _ in chosen)
+    head_ms = EAGLE2_TREE["depth"] * share * cost(rows, rows * EAGLE2_TREE["topk"])
+    drafting = sum(e for _, e in chosen) / (cost(rows, kept) + head_ms) / (rows / cost(rows, rows))
+    return (drafting, kept / rows) if drafting > 1.0 else (1.0, 1.0)
+
+
 def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: int, mat: float) -> str:
     """One eager static-engine forward verifying B rows of N tokens each (a star tree per row, each row after its
     own ``context`` cached tokens), and per B the paper tree's projection at ``mat`` and tree=auto's choice."""
@@ -463,10 +517,13 @@ def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: 
     accept = json.loads(ACCEPT.read_text())["source"]["accept"]
     model = random_model(shape, small=check.cpu, dtype=torch.float32 if check.cpu else torch.float16, device=dev)
     engine = StaticEngine(model, compile=False)
-    print(f"{shape}: ms per eager forward of B rows x N tokens after {context} cached per row, and TR's projected "
-          f"speedup (paper tree at MAT {mat}; tree=auto)")
-    print(f"{'B':>4} " + "".join(f"{n:>9}" for n in sizes) + f"{'paper':>8}{'auto':>7}{'budget':>8}  auto drafts, "
-          f"budget nodes per row")
+    e2_accept, e2_tree = eagle2_odds()
+    share = head_share(model)
+    print(f"{shape}: ms per eager forward of B rows x N tokens after {context} cached per row, and projected "
+          f"speedups: TR (paper tree at MAT {mat}; tree=auto; budget=auto on the paper tree with the embedded model's "
+          f"acceptance), EAGLE-2 + budget=auto (odds fitted to MAT {EAGLE2_MAT}, its head at {share:.3f} of a forward)")
+    print(f"{'B':>4} " + "".join(f"{n:>9}" for n in sizes) + f"{'paper':>8}{'auto':>7}{'budget':>8}{'eagle2':>8}  "
+          f"auto drafts, budget nodes per row (TR, EAGLE-2)")
     rows = []
     for b in batches:
         if check.left() < 20:
@@ -477,12 +534,16 @@ def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: 
         paper = round(mat * curve[1] / curve[PAPER_NODES], 3) if max(curve) >= PAPER_NODES else ""
         auto = choose_tree(accept, curve, 8)
         budget, kept = budget_projection(accept, measured, b)
+        e2, e2_kept = eagle2_projection(e2_accept, e2_tree, measured, b, share)
         rows += [{"batch": b, "nodes": r["tokens"], "tokens_per_forward": b * r["tokens"], "ms": round(r["ms"], 4),
                   "ms_min": round(r["ms_min"], 4), "paper_speedup": paper, "auto_drafts": auto["drafts"],
                   "auto_speedup": round(auto["expected_speedup"], 3), "budget_speedup": round(budget, 3),
-                  "budget_nodes_per_row": round(kept, 2)} for r in measured]
+                  "budget_nodes_per_row": round(kept, 2), "eagle2_budget_speedup": round(e2, 3),
+                  "eagle2_budget_nodes_per_row": round(e2_kept, 2), "eagle2_head_share": round(share, 4)}
+                 for r in measured]
         print(f"{b:>4} " + "".join(f"{r['ms']:>9.2f}" for r in measured) + (f"{paper:>8.2f}" if paper else f"{'-':>8}")
-              + f"{auto['expected_speedup']:>7.2f}{budget:>8.2f}  {auto['drafts']}, {kept:.1f}", flush=True)
+              + f"{auto['expected_speedup']:>7.2f}{budget:>8.2f}{e2:>8.2f}  {auto['drafts']}, {kept:.1f}, "
+              f"{e2_kept:.1f}", flush=True)
     check.csv("batch_cost.csv", rows)
     del engine, model
     if dev.type == "cuda":

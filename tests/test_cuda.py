@@ -118,6 +118,19 @@ def test_eagle_head_on_an_fp16_cuda_target_keeps_fp32_rotary():
     assert p.head.rotary.inv_freq.dtype == torch.float32 and p.head.fc.weight.dtype == torch.float16
 
 
+def test_the_eagle2_projection_counts_its_head_and_rests_where_drafts_do_not_pay():
+    """A flat cost (a GPU at small batches): every one of the 59 drafts kept, the fitted odds' 4.36 tokens a step over
+    the forward and the head's 6 forwards at 1% each; a cost per token as dear as a step: plain steps (1.0)."""
+    accept, tree = gpu_check.eagle2_odds()
+    flat = [{"tokens": n, "ms_min": 10.0} for n in (1, 8, 32, 81, 128)]
+    speedup, kept = gpu_check.eagle2_projection(accept, tree, flat, 1, 0.01)
+    assert kept == 60 and speedup == pytest.approx(4.36 / 1.06, rel=1e-6)
+    speedup, kept = gpu_check.eagle2_projection(accept, tree, flat, 4, 0.01)  # 4 rows, the same per row
+    assert kept == 60 and speedup == pytest.approx(4.36 / 1.06, rel=1e-6)
+    steep = [{"tokens": n, "ms_min": 10.0 * n} for n in (1, 8, 32, 81, 128)]
+    assert gpu_check.eagle2_projection(accept, tree, steep, 1, 0.01) == (1.0, 1.0)
+
+
 BLOCKER = ("import sys, importlib.abc\n"
            "class Block(importlib.abc.MetaPathFinder):\n"
            "    def find_spec(self, name, path, target=None):\n"
@@ -153,6 +166,8 @@ def test_gpu_check_dry_run(tmp_path):
                and float(r["paper_speedup"]) > 0 and float(r["auto_speedup"]) >= 1 for r in batched)
     # budget=auto's projection: never below a plain step's rate in its own model, a row keeping 1 to 81 nodes
     assert all(float(r["budget_speedup"]) >= 1 and 1 <= float(r["budget_nodes_per_row"]) <= 81 for r in batched)
+    assert all(float(r["eagle2_budget_speedup"]) >= 1 and 1 <= float(r["eagle2_budget_nodes_per_row"]) <= 60
+               and 0 < float(r["eagle2_head_share"]) for r in batched)
     runs = rows(tmp_path / "methods.csv")
     assert {r["method"] for r in runs} == set(known_methods())  # every registered one
     assert {(r["arch"].split()[0], r["dtype"], r["engine"]) for r in runs if "inductor" not in r["engine"]} == \
