@@ -185,27 +185,32 @@ def stop_ids(eos, tokenizer=None) -> set[int]:
     return ids
 
 
-def load(model: str = "smollm2-135m", method: str = "vanilla", *, overrides: list[str] = (), **params) -> Decoder:
+def load(model: str = "smollm2-135m", method: str = "vanilla", *, overrides: list[str] = (),
+         batch_size: int | None = None, budget: str | None = None, spec_off_above: int | None = None,
+         **params) -> Decoder:
     """A configured model (``conf/model/NAME.yaml``: the embedded ones offline, the others from the hub) with
     method ``method``: its checkpoint, its device and dtype, its prompt format (the fastchat template the harness
     runs it with) and the heads and corpora its config names for the methods (``artefacts``), as
     ``python -m evaluation.run model=NAME method=METHOD`` would. ``overrides``: more settings in Hydra's syntax
-    (``model.dtype=bfloat16``, ``engine=hf``, ``runtime.batch_size=4``, ``runtime.budget=auto``); ``params``: the
-    method's parameters."""
+    (``model.dtype=bfloat16``, ``engine=hf``); ``batch_size``, ``budget``, ``spec_off_above``: ``runtime.*``'s, as
+    ``Decoder``'s (None: the config's); ``params``: the method's parameters."""
     from omegaconf import OmegaConf
 
-    from evaluation.running.config import batch_size, compose_config, method_params, model_spec
+    from evaluation.running.config import batch_size as configured_batch
+    from evaluation.running.config import compose_config, method_params, model_spec
     from evaluation.running.models import load_model
     from evaluation.running.prompts import check_template, prompt_ids
 
-    cfg = compose_config([f"model={model}", f"method={method}", *overrides])
+    runtime = {"batch_size": batch_size, "budget": budget, "spec_off_above": spec_off_above}
+    cfg = compose_config([f"model={model}", f"method={method}", *overrides,
+                          *(f"runtime.{k}={v}" for k, v in runtime.items() if v is not None)])
     name, defaults = method_params(cfg)
     check_method(name, {**defaults, **params})  # before the weights load
     spec = model_spec(cfg)
     target, tok, _ = load_model(spec)
     check_template(spec, tok)
     engine = OmegaConf.to_container(cfg.engine, resolve=True)
-    return Decoder(target, tok, name, engine=engine.pop("name"), engine_params=engine, batch_size=batch_size(cfg),
+    return Decoder(target, tok, name, engine=engine.pop("name"), engine_params=engine, batch_size=configured_batch(cfg),
                    prompt=lambda text: prompt_ids(spec, tok, [text], []), name=spec.name,
                    budget=cfg.runtime.budget, spec_off_above=cfg.runtime.spec_off_above, **{**defaults, **params})
 

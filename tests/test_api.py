@@ -4,7 +4,7 @@ callable and the folder form): token for token ``model.generate(do_sample=False)
 import pytest
 import torch
 
-from evaluation.api import Decoder, SpeculativeOutput, speculative
+from evaluation.api import Decoder, SpeculativeOutput, load, speculative
 from methods.base import registry
 from methods.common import ROOT, HarnessError
 from tests.helpers import tiny_llama
@@ -157,3 +157,16 @@ def test_the_readmes_example_runs_verbatim(capsys):
     model = scope["decoder"].model
     assert out.tolist() == model.generate(ids, max_new_tokens=16, do_sample=False).tolist()
     assert "MAT" in capsys.readouterr().out
+
+
+def test_load_takes_the_runtime_settings_as_keywords(embedded, monkeypatch):
+    """``load(..., batch_size=, budget=, spec_off_above=)`` as ``Decoder``'s keywords (not the method's parameters),
+    a bad budget refused in the configs' words."""
+    import evaluation.running.models
+
+    monkeypatch.setattr(evaluation.running.models, "load_model", lambda spec: (embedded[0], embedded[1], torch.device("cpu")))
+    decoder = load("smollm2-135m", "pld", batch_size=2, budget="auto", spec_off_above=4, max_ngram=3)
+    assert (decoder.batch_size, decoder.budget_settings, decoder.params["max_ngram"]) == (2, ("auto", 4), 3)
+    assert load("smollm2-135m", "pld").budget_settings == ("off", None)  # the config's
+    with pytest.raises(HarnessError, match="runtime.budget=sometimes is not a budget"):
+        load("smollm2-135m", "pld", budget="sometimes")
