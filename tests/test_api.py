@@ -164,7 +164,8 @@ def test_load_takes_the_runtime_settings_as_keywords(embedded, monkeypatch):
     a bad budget refused in the configs' words."""
     import evaluation.running.models
 
-    monkeypatch.setattr(evaluation.running.models, "load_model", lambda spec: (embedded[0], embedded[1], torch.device("cpu")))
+    model, tokenizer, _ = embedded
+    monkeypatch.setattr(evaluation.running.models, "load_model", lambda spec: (model, tokenizer, torch.device("cpu")))
     decoder = load("smollm2-135m", "pld", batch_size=2, budget="auto", spec_off_above=4, max_ngram=3)
     assert (decoder.batch_size, decoder.budget_settings, decoder.params["max_ngram"]) == (2, ("auto", 4), 3)
     assert load("smollm2-135m", "pld").budget_settings == ("off", None)  # the config's
