@@ -2,6 +2,7 @@
 examples, the cut of a draft, and every method lossless under it at every batch size on both engines, greedy and
 sampled."""
 import json
+import math
 
 import pytest
 import torch
@@ -264,3 +265,18 @@ def test_a_budgeted_run_records_its_cut_and_its_odds_survive_a_kill(tmp_path, mo
     assert summary["budget"]["policy"] == "auto" and set(summary["budget"]["cost_ms"]) == {"1", "2"}
     assert set(summary["budget"]["cost_ms"]["2"]) == {"1", "4", "16"}
     assert len(list((tmp_path / "cache" / "budget").glob("*.json"))) == 1
+
+
+def test_the_odds_replay_scores_each_node_before_its_step_teaches_the_odds():
+    """``scripts.odds_replay``: a one-node draft accepted twice: predicted 0.5 (the prior), then what one hit taught."""
+    from scripts.odds_replay import replay
+
+    step = [((-1, 0), [0, 1], [0, 0], [True, True], [0, 1])]
+    loss, by_depth = replay([step, step])
+    second = Odds()
+    second.forget()
+    second.learn(*step[0])
+    second.forget()
+    p = second.p(1, 0)
+    assert loss == pytest.approx((math.log(2) - math.log(p)) / 2)
+    assert by_depth == {1: (pytest.approx((0.5 + p) / 2), 1.0, 2)}
