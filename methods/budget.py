@@ -242,7 +242,7 @@ class Offer:
         return v
 
 
-def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, np.ndarray], np.ndarray], ragged: bool = True,
+def choose(offers: list[Offer], odds: Odds, cost: Callable[[int, int], float], ragged: bool = True,
            engine_rows: int | None = None) -> tuple[list[tuple[list[int], float]], float]:
     """Per row, the nodes to verify (root first, ascending) and the tokens the step is then expected to commit, for
     the forward that maximises expected tokens per millisecond (module docstring); and that rate.
