@@ -118,22 +118,29 @@ class Odds:
                     table[key] /= self.unit
             self.unit = 1.0
 
-    def learn(self, parents, depths: list[int], keys: list[int], acceptable: list[bool], path: list[int]) -> None:
-        """One verification: the nodes of a draft (``parents``, ``depths``, ``keys``, ``acceptable``) and its
-        accepted ``path`` (node indices, root first)."""
-        on, unit = set(path), self.unit
-        self.known.clear()
+    @staticmethod
+    def tried(parents, depths: list[int], keys: list[int], acceptable: list[bool], path: list[int]):
+        """One verification's tries, as (depth, key, hit): the nodes of a draft (``parents``, ``depths``, ``keys``,
+        ``acceptable``) whose parent is on its accepted ``path`` (node indices, root first)."""
+        on = set(path)
         for i in range(1, len(parents)):
             if parents[i] in on and acceptable[i]:
-                d, k = min(depths[i], MAX_DEPTH), min(max(keys[i], 0), MAX_KEY)
-                hit = unit * (i in on)
-                self.tries[d, k] += unit
-                self.hits[d, k] += hit
-                self.depth_tries[d] += unit
-                self.depth_hits[d] += hit
-                for shallower in range(1, d + 1):
-                    self.tail_tries[shallower] += unit
-                    self.tail_hits[shallower] += hit
+                yield depths[i], keys[i], i in on
+
+    def learn(self, parents, depths: list[int], keys: list[int], acceptable: list[bool], path: list[int]) -> None:
+        """One verification (``tried``'s arguments)."""
+        unit = self.unit
+        self.known.clear()
+        for depth, key, accepted in self.tried(parents, depths, keys, acceptable, path):
+            d, k = min(depth, MAX_DEPTH), min(max(key, 0), MAX_KEY)
+            hit = unit * accepted
+            self.tries[d, k] += unit
+            self.hits[d, k] += hit
+            self.depth_tries[d] += unit
+            self.depth_hits[d] += hit
+            for shallower in range(1, d + 1):
+                self.tail_tries[shallower] += unit
+                self.tail_hits[shallower] += hit
 
     def state_dict(self) -> dict:
         return {"hits": [[d, k, v / self.unit] for (d, k), v in self.hits.items()],

@@ -451,15 +451,24 @@ class TableOdds:
         return row[key] if key < len(row) else 0.0
 
 
-def budget_projection(accept: list[list[float]], measured: list[dict], rows: int) -> tuple[float, float]:
-    """``runtime.budget=auto`` on ``rows`` rows each drafting TR's paper tree, with ``measured`` (``measure_cost`` at
-    that many rows) as its cost and ``accept`` as its odds: (the tokens per second it expects over a plain step's,
-    the nodes a row keeps)."""
+def tree_offer(tree: Tree) -> Offer:
+    """A static tree as the budget sees it (``methods.budget.Offer``): every node acceptable, keyed by its rank."""
+    return Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
+
+
+def budget_projection(accept: list[list[float]], measured: list[dict], rows: int, tree: Tree | None = None,
+                      drafting: float = 0.0, width: int = 1) -> tuple[float, float]:
+    """``runtime.budget=auto`` on ``rows`` rows each drafting ``tree`` (default TR's paper tree), with ``measured``
+    (``measure_cost`` at that many rows) as its cost and ``accept`` as its odds, the drafting's time counted:
+    ``drafting`` target forwards' worth of ``width`` tokens a row (0: free, TR's). Where the drafts do not pay for it,
+    the budget's pause rests the drafting (plain steps: 1.0). (The tokens per second it expects over a plain step's,
+    the nodes a row keeps.)"""
     cost = Cost({rows: {r["tokens"]: r["ms_min"] for r in measured}})
-    tree = load_template("paper")
-    offer = Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
-    chosen, rate = choose([offer] * rows, TableOdds(accept), cost)
-    return rate / (rows / cost(rows, rows)), sum(len(kept) for kept, _ in chosen) / rows
+    chosen, _ = choose([tree_offer(tree or load_template("paper"))] * rows, TableOdds(accept), cost)
+    kept = sum(len(k) for k, _ in chosen)
+    drafting_ms = drafting * cost(rows, rows * width) if drafting else 0.0
+    speedup = sum(e for _, e in chosen) / (cost(rows, kept) + drafting_ms) / (rows / cost(rows, rows))
+    return (speedup, kept / rows) if speedup > 1.0 else (1.0, 1.0)
 
 
 def eagle2_odds(mat: float = EAGLE2_MAT, total: int = EAGLE2_TREE["total"], depth: int = EAGLE2_TREE["depth"],
@@ -470,15 +479,13 @@ def eagle2_odds(mat: float = EAGLE2_MAT, total: int = EAGLE2_TREE["total"], dept
     ranks its dynamic tree's nodes) expects ``mat`` tokens per step. (The table, the tree.)
 
     >>> accept, tree = eagle2_odds(3.0)
-    >>> tree.size, round(1 + sum(Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * 60).values(
-    ...     TableOdds(accept))[1:]), 2)
+    >>> tree.size, round(1 + sum(tree_offer(tree).values(TableOdds(accept))[1:]), 2)
     (60, 3.0)
     """
     def fit(a: float):
         accept = [[a * 2.0 ** -r for r in range(topk)]] * depth
         tree = grow_tree(accept, total - 1, depth, topk)
-        offer = Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
-        return accept, tree, 1 + sum(offer.values(TableOdds(accept))[1:])
+        return accept, tree, 1 + sum(tree_offer(tree).values(TableOdds(accept))[1:])
 
     lo, hi = 0.0, 1.0
     for _ in range(40):
@@ -497,17 +504,9 @@ def head_share(model) -> float:
 
 
 def eagle2_projection(accept, tree, measured: list[dict], rows: int, share: float) -> tuple[float, float]:
-    """``runtime.budget=auto`` on ``rows`` rows each drafting EAGLE-2's tree (``eagle2_odds``) with ``measured`` as
-    its cost, the drafting counted: the head's ``depth`` forwards of ``topk`` nodes a row, each ``share`` of a target
-    forward of that size (``head_share``). Where the drafts do not pay for the head, the budget's pause rests the
-    drafting (plain steps: 1.0). (Its tokens per second over a plain step's, the nodes a row keeps.)"""
-    cost = Cost({rows: {r["tokens"]: r["ms_min"] for r in measured}})
-    offer = Offer(tree.parents, tree.depth.tolist(), tree.ranks, [True] * tree.size)
-    chosen, _ = choose([offer] * rows, TableOdds(accept), cost)
-    kept = sum(len(k) for k, _ in chosen)
-    head_ms = EAGLE2_TREE["depth"] * share * cost(rows, rows * EAGLE2_TREE["topk"])
-    drafting = sum(e for _, e in chosen) / (cost(rows, kept) + head_ms) / (rows / cost(rows, rows))
-    return (drafting, kept / rows) if drafting > 1.0 else (1.0, 1.0)
+    """``budget_projection`` of EAGLE-2's tree (``eagle2_odds``), its head's ``depth`` forwards of ``topk`` nodes a
+    row counted, each ``share`` of a target forward of that size (``head_share``)."""
+    return budget_projection(accept, measured, rows, tree, EAGLE2_TREE["depth"] * share, EAGLE2_TREE["topk"])
 
 
 def batch_cost(check: Check, shape: str, batches, sizes, context: int, repeats: int, mat: float) -> str:

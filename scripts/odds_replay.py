@@ -20,7 +20,7 @@ from collections import defaultdict
 from evaluation.api import load
 from evaluation.records.bench import load_bench
 from methods import budget
-from methods.common import exit_on_error
+from methods.common import HarnessError, exit_on_error
 
 
 class Recorder(budget.Odds):
@@ -46,15 +46,13 @@ def replay(steps: list[list[tuple]]) -> tuple[float, dict[int, tuple[float, floa
     by_depth = defaultdict(lambda: [0.0, 0, 0])
     for step in steps:
         odds.forget()
-        for parents, depths, keys, acceptable, path in step:
-            on = set(path)
-            for i in range(1, len(parents)):
-                if parents[i] in on and acceptable[i]:
-                    p, hit = min(max(odds.p(depths[i], keys[i]), 1e-6), 1 - 1e-6), i in on
-                    loss -= math.log(p if hit else 1 - p)
-                    n += 1
-                    row = by_depth[min(depths[i], 5)]
-                    row[0], row[1], row[2] = row[0] + p, row[1] + hit, row[2] + 1
+        for verification in step:
+            for depth, key, hit in budget.Odds.tried(*verification):
+                p = min(max(odds.p(depth, key), 1e-6), 1 - 1e-6)
+                loss -= math.log(p if hit else 1 - p)
+                n += 1
+                row = by_depth[min(depth, 5)]
+                row[0], row[1], row[2] = row[0] + p, row[1] + hit, row[2] + 1
         for learned in step:
             odds.learn(*learned)
     return loss / max(n, 1), {d: (s / c, h / c, c) for d, (s, h, c) in sorted(by_depth.items())}
@@ -69,7 +67,10 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=128)
     args = ap.parse_args(argv)
     overrides = args.method.split() + list(args.set)
-    method = next(o.split("=", 1)[1] for o in overrides if o.startswith("method="))
+    method = next((o.split("=", 1)[1] for o in overrides if o.startswith("method=")), None)
+    if method is None:
+        raise HarnessError(f"no method in {args.method!r}: give it as method=NAME, e.g. \"method=sam "
+                           f"method.max_draft=auto\"")
     model = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "smollm2-135m")
     rest = [o for o in overrides if not o.startswith(("method=", "model="))]
     decoder = load(model, method, overrides=rest, budget="auto")

@@ -196,8 +196,7 @@ def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, 
     out = {}
     methods = long[~long["baseline"].astype(bool) & long["speedup"].notna()]
     for key, t in methods.groupby(["model", "method"], sort=False):
-        highs = t["speedup_hi"] if "speedup_hi" in t else [None] * len(t)
-        x, sizes = crossover(list(zip(t["batch_size"], t["speedup"], highs))), set(t["batch_size"])
+        x, sizes = crossover(list(zip(t["batch_size"], t["speedup"], t["speedup_hi"]))), set(t["batch_size"])
         if x is not None:
             out[key] = x, f"below 1.0× from B{'=' if x in sizes else '≈'}{x:.3g}"
         else:
