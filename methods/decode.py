@@ -323,8 +323,9 @@ class _Row:
         if ending is not None:  # the root counts where it was generated (a prompt's last token ends nothing)
             committed = (self.tail or self.new)[-1:] + result.new_tokens[:-1]
             self.produced += len(result.new_tokens)
+            forwards = len(self.log.accept_lengths) + len(self.extra) + (1 if self.first_step else 0)
             self.stopped, result.learn = ending.ends(committed, result.new_tokens[-1], self.produced, self.max_new,
-                                                     self.stop_ids)
+                                                     self.stop_ids, forwards)
             result.past_answer = self.answered
         with self.timer("update"):
             if plan is None or plan.drafted:
@@ -401,6 +402,7 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
             if not row.finished:
                 rows[slot] = row
                 return
+            row.proposer.finish(row.new)
             done = (request, row.generation())
         rows[slot] = None
 
@@ -432,6 +434,7 @@ def decode_batch(engine: Engine, proposers: list[Proposer], feed: Feed, *, stop_
             row.fed(c, logits, states)
         for row in busy:
             if row.finished:
+                row.proposer.finish(row.new)
                 fill(row.slot, (row.request, row.generation()))
 
 

@@ -68,11 +68,11 @@ def _check(value, kind, meta: dict, key: str) -> None:
         if not any(value == c and type(value) is type(c) for c in choices):
             raise HarnessError(f"{key} must be one of {', '.join(_show(c) for c in choices)}, got {value!r}")
         return
+    optional = isinstance(kind, types.UnionType) and type(None) in typing.get_args(kind)
     if meta.get("auto"):
         if value == AUTO:
             return
-        kind = int
-    optional = isinstance(kind, types.UnionType) and type(None) in typing.get_args(kind)
+        kind = int | None if optional else int
     if optional:
         if value is None:
             return
@@ -84,6 +84,7 @@ def _check(value, kind, meta: dict, key: str) -> None:
         top = f" to {high}" if high is not None else ""
         what = f"an integer from {low}{top}" if low is not None else "an integer"
         what += f" or {AUTO}" if meta.get("auto") else ""
+        what += " or null" if optional else ""
         if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) \
                 or (high is not None and value > high):
             raise HarnessError(f"{key} must be {what}, got {value!r}")

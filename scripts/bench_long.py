@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     per_method = {}
     for label, runner in b.runners.items():
         runner.max_new_tokens, keep = 16, runner.max_new_tokens  # a short warm-up answer: the kernels, the caches
-        runner.answer(b.questions[0])
+        runner.warm_up(b.questions[0], 1)
         runner.max_new_tokens = keep
         per_method[label] = measure(runner, b.questions, args.window)
         print(f"{label}: {len(per_method[label][0])} answer(s) of {2 * args.window}+ tokens", flush=True)

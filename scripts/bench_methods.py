@@ -1,7 +1,8 @@
 """Decoding methods side by side in one process: MAT, tokens/s and speedup per Spec-Bench task.
 
     python -m scripts.bench_methods "method=vanilla" "method=tr" "method=tr method.start=cold" \\
-        [--bench spec_bench_sample] [--warmup 1] [--batch 1] [--chunk N] [--generate] [--phases] [--out DIR]
+        [--bench spec_bench_sample] [--warmup 1] [--batch 1] [--chunk N] [--passes 1] [--generate] [--phases]
+        [--out DIR]
 
 Each positional argument is one method as Hydra overrides (as for evaluation.run); the
 first is the baseline. All methods decode the same questions in one process, question by
@@ -29,6 +30,10 @@ classified by re-running the model (``evaluation.equal``): in fp32 any divergenc
 (exit 1), in bf16/fp16 only one that is not a near-tie. ``--phases`` also splits every
 method's step time into forward, drafting (propose), acceptance, update and cache commit
 (``methods.decode.PhaseTimer``; on a GPU its synchronisations slow the run a little).
+``--passes N`` decodes the questions N times in a row, each method keeping what it remembers across
+requests (``Proposer.memory``: SuffixDecoding's global tree, Token Recycling's hot matrix) from one
+pass to the next, each pass written, checked and reported in ``--out``'s ``pass1/``, ``pass2/``...:
+how much a second look at the same requests gains.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ from evaluation.reporting.speed_table import speed_table
 from evaluation.running import side_by_side as sbs
 from evaluation.running.folder import environment
 from methods import machine
-from methods.common import RESULTS, exit_on_error
+from methods.common import RESULTS, HarnessError, exit_on_error
 from methods.decode import PhaseTimer
 
 PHASES = ("forward", "propose", "accept", "update", "commit")  # methods.decode's loop
@@ -63,10 +68,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="batch size of every method (runtime.batch_size)")
     ap.add_argument("--chunk", type=int, default=None, help="questions each method answers in its turn at --batch B "
                     "(default 4B; at least B)")
+    ap.add_argument("--passes", type=int, default=1, help="decode the questions this many times in a row, each "
+                    "method remembering from pass to pass (out/pass1, out/pass2, ...)")
     ap.add_argument("--generate", action="store_true", help="add model.generate as a reference")
     ap.add_argument("--phases", action="store_true", help="split each method's step time by phase")
     ap.add_argument("--out", default=str(RESULTS / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")))
     args = ap.parse_args(argv)
+    if args.passes < 1:
+        raise HarnessError(f"--passes {args.passes}: give 1 or more")
     out = Path(args.out)
     with folder_lock(out, fix="wait for it to finish, or choose another --out"):
         return bench(args, out)
@@ -77,19 +86,25 @@ def bench(args, out: Path) -> int:
     b = sbs.compose(args.methods, common, args.batch, args.generate, args.chunk)
     sbs.load(b)
     sbs.warm_up(b, args.warmup, args.phases)
-    sbs.decode(b)
-    sbs.write(b, out)
-    lines, unequal = sbs.check(b, out)
-    print("\n".join(lines))
-    report(args, b, out)
-    print(f"-> {out}")
-    if unequal:
-        ref, label = unequal[0]
-        print(f"NOT LOSSLESS: {', '.join(m for _, m in unequal)} differ(s) from their reference (in fp32 every "
-              f"divergence counts, a near-tie too; in reduced precision those that are not near-ties; each is "
-              f"classified above, and python -m evaluation.equal {out / ref} {out / label} says where and why)")
-        return 1
-    return 0
+    failed = False
+    for k in range(1, args.passes + 1):
+        where = out / f"pass{k}" if args.passes > 1 else out
+        if args.passes > 1:
+            print(f"\npass {k} of {args.passes}")
+        sbs.decode(b)
+        sbs.write(b, where)
+        lines, unequal = sbs.check(b, where)
+        print("\n".join(lines))
+        report(args, b, where)
+        print(f"-> {where}")
+        if unequal:
+            ref, label = unequal[0]
+            print(f"NOT LOSSLESS: {', '.join(m for _, m in unequal)} differ(s) from their reference (in fp32 every "
+                  f"divergence counts, a near-tie too; in reduced precision those that are not near-ties; each is "
+                  f"classified above, and python -m evaluation.equal {where / ref} {where / label} says where and "
+                  f"why)")
+            failed = True
+    return 1 if failed else 0
 
 
 def report(args, b: sbs.Bench, out: Path) -> None:

@@ -13,12 +13,12 @@ as ``scripts.train_eagle`` generates them and share its response store, so eithe
 other's. With ``--texts``: a JSON-lines file of ``{"prompt": ..., "response": ...}`` (the prompt put in
 the model's template) or ``{"text": ...}`` lines, e.g. SAM-Decoding's published dialogues exported
 to JSON lines. With ``--from-corpus``: the sequences of a corpus file made before. Writes
-``methods.proposers.suffix.save_corpus``'s ``.npz``: the tokens, the sequences' lengths and where they
+``methods.automata.save_corpus``'s ``.npz``: the tokens, the sequences' lengths and where they
 come from; the model config's ``artefacts.sam_corpus`` names it.
 
 ``--layout``: ``apart`` (the default) keeps the sequences apart, so that no match or chain runs from one
 into the next; ``reference`` lays them out as SAM-Decoding's corpus tools do
-(``methods.proposers.suffix.reference_layout``: one text, each sequence and then every vocabulary id
+(``methods.automata.reference_layout``: one text, each sequence and then every vocabulary id
 followed by EOS), which ``method.reference=true`` needs to match the reference step for step: there a
 match may span two sequences, a chain runs on into the next, every token has a match of at least
 itself, and the counts that rank ``sam``'s static tree include the EOS and vocabulary entries. Apart
@@ -35,10 +35,10 @@ from evaluation.running.config import compose_config, model_spec
 from evaluation.running.models import load_model
 from evaluation.running.own_prompts import calibration_prompts, more_prompts, training_prompts
 from evaluation.running.prompts import prompt_ids
+from methods.automata import load_corpus, reference_layout, save_corpus
 from methods.calibrate import CHAIN_PROMPTS
 from methods.common import CACHE, ROOT, HarnessError, exit_on_error, read_jsonl
 from methods.heads import eagle_train
-from methods.proposers.suffix import load_corpus, reference_layout, save_corpus
 
 MAX_NEW_TOKENS = 160  # scripts.train_eagle's default: the two share one response store
 

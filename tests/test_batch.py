@@ -4,7 +4,7 @@ drafts exactly as at batch size 1 (its accept lengths equal), so no slot's state
 import pytest
 import torch
 
-from methods.base import Proposer, build_proposer, registry
+from methods.base import build_proposer, registry
 from methods.decode import generate
 from methods.engine import HFEngine, StaticEngine
 from methods.sampling import Sampler, Sampling
@@ -24,9 +24,10 @@ def engines(model):
     return {"static": StaticEngine(model, pack=False), "hf": HFEngine(model)}
 
 
-def within_request(cls) -> bool:
-    """No state outlives a request (Token Recycling's hot matrix, SpS's chain length and SAM's statistics do)."""
-    return cls.state_dict is Proposer.state_dict
+def within_request(proposer) -> bool:
+    """Its drafts learn nothing from earlier requests (Token Recycling's hot matrix, SuffixDecoding's global tree and
+    SpS's chain length do: ``Proposer.memory``)."""
+    return proposer.memory == "none"
 
 
 def batched(engine, proposer, batch: int, sampling: Sampling | None = None, chunk: int = 0):
@@ -63,14 +64,15 @@ def test_every_method_is_lossless_at_every_batch_size(tiny_models, vanilla, tmp_
     engine = engines(model)[engine_name]
     params = cls.example(tmp_path, PROMPTS)
     reference = vanilla(layers, engine_name)
-    alone = one_by_one(engine, build_proposer(method, params, vocab_size=96, device=CPU, target=model))
+    first = build_proposer(method, params, vocab_size=96, device=CPU, target=model)
+    alone = one_by_one(engine, first)
     for batch, chunk in ((2, 8), (4, 0), (8, 5)):  # prompts whole and alone, or in chunks along the steps
         proposer = build_proposer(method, params, vocab_size=96, device=CPU, target=model)
         got = batched(engine, proposer, batch, chunk=chunk)
         assert [g.token_ids for g in got] == reference, f"batch {batch}"
         most = max(max(g.batch_rows or [1]) for g in got)  # the rows were batched (in chunks, a long prompt may
         assert most == min(batch, len(PROMPTS)) if not chunk else most > 1  # join after short requests finished)
-        if within_request(cls):
+        if within_request(first):
             assert [g.accept_lengths for g in got] == [g.accept_lengths for g in alone], f"batch {batch}"
     if cls.drafts:
         assert max(n for g in alone for n in g.draft_nodes) > 1, "nothing drafted"

@@ -98,3 +98,21 @@ def test_batched_side_by_side_with_generate(tmp_path, capsys):
     assert json.loads((out / "tr" / "summary.json").read_text())["chunk"] == 2
     err = _main(main, ["method=vanilla", "--batch", "4", "--chunk", "2", "--out", str(tmp_path / "no")], capsys)
     assert "--chunk 2 is smaller than the batch (4)" in err and not (tmp_path / "no").exists()
+
+
+def test_a_second_pass_remembers_the_first(tmp_path, capsys):
+    """--passes 2: the same questions twice in one process, each pass written and checked on its own; SuffixDecoding's
+    global tree holds the first pass's answers when the second comes, so its second pass drafts far more, while
+    without a memory (max_cached_requests=0) the two passes are the same step for step."""
+    out = tmp_path / "bench"
+    rc = main(["method=vanilla", "method=suffix", "method=suffix method.max_cached_requests=0", "--bench",
+               "spec_bench_smoke", "--warmup", "1", "--passes", "2", "--set", "bench.question_ids=[321,401]",
+               "bench.max_new_tokens=16", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "pass 2 of 2" in text
+    off = "suffix,method.max_cached_requests=0"
+    steps = {(k, label): [a for r in read_answers(out / f"pass{k}" / label) for a in r["choices"][0]["accept_lengths"]]
+             for k in (1, 2) for label in ("suffix", off)}
+    assert steps[2, off] == steps[1, off] and len(steps[2, "suffix"]) < len(steps[1, "suffix"]) / 2
+    summary = json.loads((out / "pass2" / "suffix" / "summary.json").read_text())
+    assert summary["method_state"]["memory"] == "run" and summary["method_state"]["memory_answers"] == 4

@@ -130,13 +130,14 @@ def test_a_forced_end_of_thinking_is_fed_step_by_step_and_stays_lossless():
 @pytest.mark.slow  # the embedded model
 def test_long_output_numbers_and_simulated_acceptance(embedded, tmp_path):
     """On the embedded model's answers: the numbers by position and the reasoning table's are computed from the
-    per-step records; PLD's and SAM's acceptance simulated over vanilla's answers equals their decoding, step for
-    step."""
+    per-step records; PLD's, SAM's and SuffixDecoding's acceptance simulated over vanilla's answers equals their
+    decoding, step for step."""
     from evaluation.reporting.simulate import simulate
     from evaluation.running.config import method_params
 
     tok = embedded[1]
-    runs = {m: decoded(runner(embedded, f"method={m}", "bench.max_new_tokens=64")) for m in ("vanilla", "pld", "sam")}
+    runs = {m: decoded(runner(embedded, f"method={m}", "bench.max_new_tokens=64"))
+            for m in ("vanilla", "pld", "sam", "suffix")}
     base = list(runs["vanilla"].values())
     stats = long_stats(list(runs["pld"].values()), base)
     assert stats["mat"] > 1 and stats["speedup"] > 0 and 0 <= stats["long_range"] <= 1
@@ -145,7 +146,7 @@ def test_long_output_numbers_and_simulated_acceptance(embedded, tmp_path):
     assert list(positions.index[:2]) == [0, 16] and (positions["mat"] == 1).all()
     r = runner(embedded, "method=vanilla", "bench.max_new_tokens=64")
     prompts = {(q.question_id, 0): Paradigm().prompt(r.spec, r.tok, q, 0, [], r.marker) for q in QUESTIONS}
-    for method in ("pld", "sam"):
+    for method in ("pld", "sam", "suffix"):  # suffix: its global tree fed in the run's order, as in the run
         cfg = compose_config(["model=smollm2-135m", f"method={method}"])
         name, params = method_params(cfg)
         sim = simulate(base, prompts, lambda: build_proposer(name, params, vocab_size=len(tok),

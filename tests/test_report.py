@@ -67,8 +67,8 @@ def test_main_table_equals_hand_computed_numbers(runs, tmp_path):
     assert ("| tiny-llama | tr | 3.00 ± 1.41× (n=1) | 1.50 ± 0.71× (n=1) | 5.00 ± 0.00 (n=1 per task) "
             "| 5.00 ± 0.00 (n=1 per task) | 8.33 ± 2.36 | 1.67 ± 0.47× (n=1 per task) |") in md
     csv = (tmp_path / "out" / "main_table.csv").read_text().splitlines()
-    assert csv[0].startswith("model,method,baseline,repeats,qa,qa_std,qa_lo,qa_hi,qa_n,rag,rag_std,rag_lo,rag_hi,rag_n,"
-                             "mat")
+    assert csv[0].startswith("model,method,baseline,repeats,memory,qa,qa_std,qa_lo,qa_hi,qa_n,rag,rag_std,rag_lo,rag_hi,"
+                             "rag_n,mat")
 
 
 def test_mat_in_both_conventions(tmp_path):
@@ -389,3 +389,17 @@ def test_explanations_under_the_depth_and_drafter_tables(tmp_path):
     from evaluation.reporting.tables import DEPTH_NOTE, DRAFTER_NOTE
 
     assert "d=k: rate (tries)" in DEPTH_NOTE and "sam_static, a chain from the corpus's automaton" in DRAFTER_NOTE
+
+
+def test_what_a_method_remembered_is_a_column_where_one_did(tmp_path):
+    """A run's summary says what its method remembered across requests (``Proposer.memory``); the main table shows
+    it beside the method where any row remembered something (the global tree's answers counted), and not otherwise."""
+    write_run(tmp_path / "v", "vanilla", VANILLA, state={"memory": "none"})
+    write_run(tmp_path / "s", "suffix", TR_A, state={"memory": "run", "memory_answers": 2})
+    rp.report([str(tmp_path / "v"), str(tmp_path / "s")], tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "main_table.md").read_text()
+    assert "| Model | Method | Memory |" in md and "| tiny-llama | suffix | run (2 answers) |" in md
+    tex = (tmp_path / "out" / "main_table.tex").read_text()
+    assert r"\begin{tabular}{lll" in tex
+    rp.report([str(tmp_path / "v")], tmp_path / "none", figures=False)
+    assert "Memory" not in (tmp_path / "none" / "main_table.md").read_text()

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from methods.automata import SEPARATOR, save_corpus
 from methods.base import build_proposer
 from methods.common import HarnessError
 from methods.decode import generate
 from methods.engine import StaticEngine
 from methods.proposers.rest import Datastore, suffix_array, trie
-from methods.proposers.suffix import SEPARATOR, save_corpus
 from methods.tree import Tree
 from tests.helpers import generate_greedy
 

@@ -1,6 +1,7 @@
 """A resumed run is the run it would have been: stopped after any answer and resumed in a new runner, every answer
 (its tokens and every step's accept length) equals an uninterrupted run's, at batch size 1 and 2, for the methods
-that keep state across questions (Token Recycling's hot matrix, which a batch's slots share; SAM+TR) and those
+that keep state across questions (Token Recycling's hot matrix, which a batch's slots share; SAM+TR; SuffixDecoding's
+global tree, replayed from its log) and those
 whose state lives in one request (Lookahead's pool, REST's retrievals), on the embedded model.
 
 The stop lands just after an answer is written (``Runner.answer_all``'s ``checkpoint`` has saved its snapshot), as
@@ -19,7 +20,8 @@ from methods.common import load_torch_safe, save_torch_atomic
 QUESTIONS = load_bench(None, question_ids=[81, 161, 277, 321])
 STOP_AFTER = 1  # answers written before the stop
 CASES = [["method=tr", "method.tree=grown-n30-d6"], ["method=sam_tr", "method.tree=grown-n30-d6"],
-         ["method=lookahead"], ["method=rest"]]
+         ["method=suffix", "method.tree=true"], ["method=pia", "method.memory=run"], ["method=lookahead"],
+         ["method=rest"]]
 
 
 class Stop(Exception):
@@ -38,10 +40,11 @@ def steps(records: list[dict]) -> dict:
 
 
 def case(batch: int, overrides: list[str]):
-    """In make test: batch 2 for the methods whose slots share state (TR's hot matrix, SAM+TR's); the rest (batch 1:
+    """In make test: batch 2 for the methods whose slots share state (TR's hot matrix, SAM+TR's, SuffixDecoding's global
+    tree); the rest (batch 1:
     tests/test_cli.py's kill and resume too; Lookahead's, whose state lives in its requests, and REST's) in make
     test-long."""
-    keep = batch == 2 and overrides[0] in ("method=tr", "method=sam_tr")
+    keep = batch == 2 and overrides[0] in ("method=tr", "method=sam_tr", "method=suffix")
     return pytest.param(batch, overrides, marks=() if keep else pytest.mark.long,
                         id=f"{overrides[0].removeprefix('method=')}-batch{batch}")
 

@@ -1,17 +1,11 @@
-"""Suffix automata (methods.proposers.suffix) and SAM-Decoding's methods (methods.proposers.sam): worked examples, a
+"""Suffix automata (methods.automata) and SAM-Decoding's methods (methods.proposers.sam): worked examples, a
 property test against brute-force search, the chain budget's choice, and lossless decoding on the tiny model."""
 import random
 
 import pytest
 import torch
 
-from methods.autotree import choose_chain_caps
-from methods.base import build_proposer
-from methods.common import HarnessError
-from methods.decode import generate
-from methods.engine import StaticEngine
-from methods.proposers.sam import DYNAMIC, STATIC, Retrieval
-from methods.proposers.suffix import (
+from methods.automata import (
     SEPARATOR,
     FrozenAutomaton,
     SuffixAutomaton,
@@ -20,6 +14,12 @@ from methods.proposers.suffix import (
     reference_layout,
     save_corpus,
 )
+from methods.autotree import choose_chain_caps
+from methods.base import build_proposer
+from methods.common import HarnessError
+from methods.decode import generate
+from methods.engine import StaticEngine
+from methods.proposers.sam import DYNAMIC, MEMORY, STATIC, Retrieval
 from methods.tree import Tree, graft, load_template
 from tests.helpers import generate_greedy
 
@@ -212,7 +212,7 @@ def test_reference_mode_walks_and_pads_as_the_reference_does():
     # "1 2 3" is followed by 2 tokens and has no shorter match elsewhere: samd pads its chain with token 0
     assert chain("sam_tr", [1, 2, 3, 1, 2, 3], max_draft=4, threshold=2) == [3, 1, 2]
     assert chain("sam_tr", [1, 2, 3, 1, 2, 3], max_draft=4, threshold=2, reference=True) == [3, 1, 2, 0, 0]
-    with pytest.raises(HarnessError, match="reference=true .* neither max_draft=auto nor merge=true"):
+    with pytest.raises(HarnessError, match="reference=true .* neither max_draft=auto, merge=true nor a memory"):
         build_proposer("sam_tr", {"corpus": None, "reference": True, "max_draft": "auto"}, vocab_size=16, device=CPU)
 
 
@@ -325,3 +325,41 @@ def test_tr_in_the_hybrid_learns_from_chain_steps(tiny_model, tiny_corpus):
     rows = int((tr.M != 0).any(dim=1).sum())
     assert rows >= len(set(seq[:-1])) - 1  # the chain steps' tokens have rows too
     assert int(tr.node_accepts[0]) == proposer.steps["tr"]  # TR's template statistics count its own steps only
+
+
+# --- the run's memory (method.memory=run) ----------------------------------------------------------------
+
+def test_the_memory_matches_earlier_answers_beside_the_request():
+    """memory=run: a third automaton over the run's answers. A request whose own text has no match drafts what
+    followed the match in an earlier answer, within that answer (never across into the next); a tie goes to the
+    request's own text; memory_tree drafts both chains as one tree; after the warm-up the memory is empty."""
+    p = build_proposer("sam", {"corpus": None, "memory": "run", "threshold": 2, "alpha": 0}, vocab_size=96,
+                       device=CPU)
+    for answer in ([40, 41, 42, 43], [50, 51, 52]):
+        p.reset(torch.tensor([1]), 0, None)
+        p.finish(answer)
+    p.reset(torch.tensor([9]), 0, None)
+    d = p.propose(torch.tensor([9, 5, 41, 42]))
+    assert d.info["drafter"] == MEMORY and d.tokens.tolist() == [42, 43]  # not on into the next answer's 50
+    d = p.propose(torch.tensor([9, 5, 41, 42, 7, 41, 42]))  # "41 42" also in the request itself: its own first
+    assert d.info["drafter"] == DYNAMIC and d.tokens.tolist() == [42, 7, 41]  # the text before the root
+    q = build_proposer("sam", {"corpus": None, "memory": "run", "memory_tree": True, "threshold": 2, "alpha": 0},
+                       vocab_size=96, device=CPU)
+    q.load_state_dict(p.state_dict())
+    q.reset(torch.tensor([9]), 0, None)
+    d = q.propose(torch.tensor([9, 5, 41, 42, 7, 41, 42]))
+    assert d.tree.parents == (-1, 0, 0, 1) and d.tokens.tolist() == [42, 7, 43, 41]
+    assert q.summary()["memory_answers"] == 2 and q.memory == "run"
+    q.after_warmup()
+    assert q.summary()["memory_answers"] == 0
+
+
+def test_the_memory_is_lossless_and_drafts_a_second_pass(tiny_model):
+    engine = StaticEngine(tiny_model, pack=False)
+    prompts = [[5, 6, 7, 8, 9, 10], [20, 21, 22], [5, 6, 7, 30, 31]]
+    want = [generate_greedy(tiny_model, p, 24) for p in prompts]
+    p = build_proposer("sam", {"corpus": None, "memory": "run"}, vocab_size=96, device=CPU)
+    passes = [[generate(engine, p, ids, max_new_tokens=24, stop_ids=set()) for ids in prompts] for _ in range(2)]
+    assert all([g.token_ids for g in run] == want for run in passes)
+    mat = [sum(len(g.token_ids) for g in run) / sum(len(g.accept_lengths) for g in run) for run in passes]
+    assert mat[1] > 1.5 * mat[0]

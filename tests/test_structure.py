@@ -19,7 +19,7 @@ LAYERS = {
     "methods": [
         {"common"},
         {"params", "machine", "hub", "sampling"},
-        {"tree", "engine.ops", "engine.kv", "engine.arch", "engine.graphs"},
+        {"tree", "automata", "suffix_tree", "engine.ops", "engine.kv", "engine.arch", "engine.graphs"},
         {"engine.masks"},
         {"base", "engine.tuning"},
         {"engine.core"},
@@ -27,7 +27,7 @@ LAYERS = {
         {"engine", "verify", "budget"},
         {"decode", "autotree", "heads", "heads.fit", "heads.eagle"},
         {"calibrate", "heads.eagle_train", "heads.medusa"},
-        {"heads.hydra", "heads.eagle3", "proposers", "proposers.suffix"},
+        {"heads.hydra", "heads.eagle3", "proposers"},
         {"proposers.*"},  # every method's module not named elsewhere: a new method needs no entry here
         {"proposers.sam", "proposers.eagle3"},  # methods built on other methods (SAM's hybrids, EAGLE-3 on EAGLE-2)
         {"__main__"},

@@ -43,10 +43,12 @@ def figure_style():
 
 
 def _palette() -> list[tuple]:
-    """Fifteen distinct colours: tab10, then the darkest of each of tab20b's five hues."""
+    """Seventeen distinct colours: tab10, the darkest of each of tab20b's five hues, then Dark2's magenta and
+    mustard."""
     from matplotlib import colormaps
 
-    return list(colormaps["tab10"].colors) + list(colormaps["tab20b"].colors[::4])
+    dark2 = colormaps["Dark2"].colors
+    return list(colormaps["tab10"].colors) + list(colormaps["tab20b"].colors[::4]) + [dark2[3], dark2[5]]
 
 
 def method_colour(method: str, shade: int = 0, shades: int = 1) -> tuple:

@@ -36,6 +36,7 @@ def task_stats(groups: list[Group]) -> pd.DataFrame:
                 tokens[b.path] = spec_bench_tokens_of(b.path, b.records)
         t = repeat_table([r.records for r in g.runs], [b.records for b in g.baseline],
                          [tokens[b.path] for b in g.baseline]).reset_index()
+        t.insert(0, "memory", memory_label(g.state))
         t.insert(0, "baseline", g.is_baseline)
         t.insert(0, "method", g.label)
         t.insert(0, "model", g.model)
@@ -46,6 +47,15 @@ def task_stats(groups: list[Group]) -> pd.DataFrame:
     return df
 
 
+def memory_label(state: dict) -> str:
+    """What a run's method remembered across its requests (``Proposer.memory``): none, or run (and how many answers
+    its memory held at the end, where it counts them); "" for a run that does not say."""
+    memory = state.get("memory", "")
+    if memory == "run" and state.get("memory_answers") is not None:
+        return f"run ({state['memory_answers']} answers)"
+    return memory
+
+
 def main_table(stats: pd.DataFrame) -> pd.DataFrame:
     """One row per model and method: speedup per task, then the main table's columns (``columns("main")``) of the
     overall row (numbers, means and stds, intervals)."""
@@ -53,7 +63,7 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
     for (model, method), t in stats.groupby(["model", "method"], sort=False):
         t = t.set_index("task")
         row = {"model": model, "method": method, "baseline": bool(t["baseline"].iloc[0]),
-               "repeats": int(t["repeats"].max())}
+               "repeats": int(t["repeats"].max()), "memory": t["memory"].iloc[0]}
         for task in [x for x in TASKS if x in t.index] + sorted(set(t.index) - set(TASKS) - {OVERALL}):
             for suffix in ("", "_std", "_lo", "_hi"):
                 row[task + suffix] = t.loc[task, "speedup" + suffix]
@@ -69,7 +79,8 @@ def main_table(stats: pd.DataFrame) -> pd.DataFrame:
 
 def main_columns(table: pd.DataFrame) -> list[Column]:
     """The main table's columns: a speedup per task it holds (``main_table``'s order), then ``columns("main")``."""
-    main = {c.key for c in columns("main")} | {"model", "method", "baseline", "repeats", "questions", "disturbed"}
+    main = {c.key for c in columns("main")} | {"model", "method", "baseline", "repeats", "questions", "disturbed",
+                                               "memory"}
     tasks = [c for c in table.columns if c not in main and not c.endswith(("_std", "_lo", "_hi", "_n"))]
     return [task_column(t) for t in tasks] + columns("main")
 
@@ -208,8 +219,10 @@ def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, 
 def main_rows(table: pd.DataFrame, pm: str = " ± ") -> Rows:
     """The main table as text, shared by its markdown, LaTeX and HTML forms so that all show the same numbers."""
     shown = main_columns(table)
-    header = ["Model", "Method"] + [c.label for c in shown]
+    memory = "memory" in table and (table["memory"] != "").any() and (table["memory"] != "none").any()
+    header = ["Model", "Method"] + (["Memory"] if memory else []) + [c.label for c in shown]
     body = [[str(r["model"]), str(r["method"]) + (" †" if r.get("disturbed") is True else "")]
+            + ([r["memory"] or "-"] if memory else [])
             + [c.cell(r, pm, r.get(c.key + "_n", r["questions"])) for c in shown] for _, r in table.iterrows()]
     return header, body
 
@@ -230,14 +243,16 @@ def _tex(s: str) -> str:
 def to_latex(table: pd.DataFrame, caption: str) -> str:
     """A booktabs table; the best speedup of each column within a model is bold (baselines excluded)."""
     header, body = main_rows(table)
+    numbers = main_columns(table)
+    first = len(header) - len(numbers)  # the columns before the numbers: model, method (and memory)
     bold = set()
     for model, t in table.groupby("model", sort=False):
         methods = t[~t["baseline"]]
-        for j, c in enumerate(c.key for c in main_columns(table)):
+        for j, c in enumerate(c.key for c in numbers):
             if len(methods) > 1 and methods[c].notna().any():
-                bold.add((methods[c].idxmax(), j + 2))
+                bold.add((methods[c].idxmax(), j + first))
     lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             r"\begin{tabular}{ll" + "r" * (len(header) - 2) + "}", r"\toprule",
+             r"\begin{tabular}{" + "l" * first + "r" * (len(header) - first) + "}", r"\toprule",
              " & ".join(_tex(h) for h in header) + r" \\", r"\midrule"]
     previous = None
     for row_index, cells in zip(table.index, body):

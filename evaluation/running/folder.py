@@ -46,7 +46,7 @@ def summary(runner, cfg: DictConfig, status: str, questions: int, method: str | 
     return {"status": status, "model": runner.spec.name, "method": method or runner.method, "bench": cfg.bench.name,
             "questions": questions, **more, "config": OmegaConf.to_container(cfg, resolve=True),
             "environment": environment(runner.device, next(runner.model.parameters()).dtype),
-            "engine": runner.engine.summary(), "method_state": runner.proposer.summary(),
+            "engine": runner.engine.summary(), "method_state": runner.method_state(),
             **({"budget": runner.budget.summary()} if runner.budget.active else {})}
 
 

@@ -171,6 +171,11 @@ class Runner:
         self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.records.metrics)
         self.clock0 = time.perf_counter()
 
+    def method_state(self) -> dict:
+        """The method's state for the run summary: what it remembers across requests (``Proposer.memory``), then its
+        own summary."""
+        return {"memory": self.proposer.memory, **self.proposer.summary()}
+
     def own_prompts(self, n: int) -> list[list[int]]:
         """The first ``n`` of the project's own prompts (never the benchmark's) in this model's template."""
         from evaluation.running.own_prompts import calibration_prompts
@@ -240,6 +245,13 @@ class Runner:
         out = []
         self.answer_all([q], out.append, batch=1)
         return out[0]
+
+    def warm_up(self, q: Question, passes: int) -> None:
+        """``passes`` answers to ``q`` before anything is timed (Spec-Bench's warm-up), after which the method forgets
+        what it must not carry into the timed answers (``Proposer.after_warmup``)."""
+        for _ in range(passes):
+            self.answer(q)
+        self.proposer.after_warmup()
 
     def answer_all(self, questions: list[Question], done: Callable[[dict], None], batch: int | None = None, *,
                    checkpoint: Callable[[dict], None] | None = None, resume: dict | None = None) -> None:
@@ -468,7 +480,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         kept = (f"{len(writer.done)} answer(s) kept in {out / ANSWERS}" if writer.done else "no answer had finished")
         raise KeyboardInterrupt(f"{kept}; rerun the same command to resume") from None
     summary.update(status="finished", finished=folder.now(), answered=len(writer.done),
-                   method_state=runner.proposer.summary(), engine=runner.engine.summary(),
+                   method_state=runner.method_state(), engine=runner.engine.summary(),
                    **({"budget": runner.budget.summary()} if runner.budget.active else {}))
     folder.write_summary(out, summary)
     print(f"{len(writer.done)}/{len(questions)} questions answered -> {out / ANSWERS}")
@@ -511,8 +523,7 @@ def _answer_all(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter
     elif todo:
         # Spec-Bench warms up on the first question; resumed runs restore the proposer state instead.
         # Every shard warms up on the selection's first question, so each starts as a single run does.
-        for _ in range(int(cfg.warmup)):
-            runner.answer(selection[0])
+        runner.warm_up(selection[0], int(cfg.warmup))
 
     for name, content in runner.proposer.artefacts().items():  # e.g. tree=auto's tree.json
         write_json_atomic(out / name, content)

@@ -95,8 +95,7 @@ def load(bench: Bench) -> None:
 def warm_up(bench: Bench, passes: int, phases: bool = False) -> None:
     """3. ``passes`` over the first question per method; with ``phases`` each step's time is split from then on."""
     for r in bench.runners.values():
-        for _ in range(passes):
-            r.answer(bench.questions[0])
+        r.warm_up(bench.questions[0], passes)
         if phases and not isinstance(r, GenerateRunner):
             r.timer = PhaseTimer(r.device)
 

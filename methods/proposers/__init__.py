@@ -1,3 +1,2 @@
 """One module per decoding method: a ``Proposer`` registered by name (``methods.base.register``). The registry
-imports every module here, so a new method's module needs no list to join; ``suffix`` holds the suffix automata
-and corpus files that ``sam`` and ``rest`` share."""
+imports every module here, so a new method's module needs no list to join."""

@@ -33,7 +33,7 @@ root in the query), the span loop of ``generate_candidates_and_draft_buffer`` in
 the prefix counts, the top ``choices``, the cut). Where we differ: the datastore keeps its sequences
 apart (the reference joins them end to end, so a continuation may run into the next one), an
 occurrence with nothing after it is skipped (the reference would fail on a match with only such
-occurrences), and the datastore is the SAM corpus format (``methods.proposers.suffix.save_corpus``: made with
+occurrences), and the datastore is the SAM corpus format (``methods.automata.save_corpus``: made with
 ``python -m scripts.make_sam_corpus``, from the model's own answers or from texts the user brings,
 as the reference builds its datastores from ShareGPT or UltraChat) with its suffix array built here,
 once per file and kept in the cache (``python -m methods.proposers.rest --datastore FILE`` builds it ahead).
@@ -52,10 +52,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from methods.automata import SEPARATOR, load_corpus, save_corpus
 from methods.base import Draft, Proposer, register
 from methods.common import CACHE, ROOT, HarnessError, atomic, exit_on_error
 from methods.params import artefact, param
-from methods.proposers.suffix import SEPARATOR, load_corpus, save_corpus
 from methods.tree import Tree
 
 MAKE = "python -m scripts.make_sam_corpus --model MODEL [--texts FILE.jsonl] --out PATH"

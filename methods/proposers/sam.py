@@ -1,7 +1,7 @@
 """SAM-Decoding (Hu et al., arXiv 2411.10666, ACL 2025): drafts found by suffix automata, alone or with a tree drafter.
 
 Every step looks for the longest suffix of the committed sequence (its newest token, the root,
-included) that occurred before, in two suffix automata (``methods.proposers.suffix``):
+included) that occurred before, in two suffix automata (``methods.automata``):
 
 * the **dynamic** one over the request's prompt and output so far, all but the root (rebuilt for
   every request; a second turn's prompt holds the first turn);
@@ -81,29 +81,50 @@ from typing import ClassVar
 
 import torch
 
+from methods.automata import SEPARATOR, FrozenAutomaton, SuffixAutomaton, corpus_automaton
 from methods.base import Draft, Ending, Preparation, Proposer, Verification, register
 from methods.calibrate import chain_budget
 from methods.common import CACHE, ROOT, HarnessError
 from methods.params import AUTO, artefact, param
 from methods.proposers.eagle import Eagle2
-from methods.proposers.suffix import FrozenAutomaton, SuffixAutomaton, corpus_automaton
 from methods.proposers.tr import FIRST_STEPS, STARTS, TokenRecycling
 from methods.tree import Tree, graft
 
-DYNAMIC, STATIC = "sam", "sam_static"  # the drafter names of a retrieved step, by the automaton it came from
+DYNAMIC, STATIC, MEMORY = "sam", "sam_static", "sam_memory"  # a retrieved step's drafter: the automaton it came from
 TREE_WIDTH = 8  # the static tree's most nodes per depth and children per node (samd_sam_only/samd_config.py K)
 
 
 @dataclass(frozen=True)
 class Match:
-    source: str  # DYNAMIC or STATIC
+    source: str  # DYNAMIC, STATIC or MEMORY
     length: int  # tokens matched, the root included
     score: int  # length, less static_bias for the static automaton
     state: int  # the state of that automaton holding the match
 
 
+class Memory:
+    """The run's earlier answers in one growing automaton (``memory=run``), each followed by ``SEPARATOR``, which the
+    slots of a batch share; ``version`` counts the answers in it, so that a slot knows when to find its match anew."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.automaton, self.version = SuffixAutomaton(), 0
+
+    def add(self, answer: list[int]) -> None:
+        self.automaton.extend([*answer, SEPARATOR])
+        self.version += 1
+
+    def continuation(self, state: int, n: int) -> list[int]:
+        """Up to ``n`` tokens after the first occurrence of ``state``'s strings, within its answer."""
+        out = self.automaton.continuation(state, n)
+        return out[: out.index(SEPARATOR)] if SEPARATOR in out else out
+
+
 class Retrieval:
-    """The two automata of one run: the dynamic one per request, the static one (optional) fixed.
+    """The automata of one run: the dynamic one per request, the static one (optional) fixed, and the run's memory
+    (optional, ``Memory``) of earlier answers.
 
     ``walk``: before a dynamic chain of ``n`` tokens, the match moves along suffix links to shorter ones while its
     first occurrence is followed by fewer than ``n + walk`` tokens (SAM-Decoding's ``to_anc``,
@@ -114,17 +135,24 @@ class Retrieval:
     tokens after it, its suffix "2" with 10. A chain of 4 is [4 3 9 1] without a walk or with ``walk=0``, and
     [5 6 7 8] with ``walk=1`` (4 < 4 + 1); a chain of 5 is [4 3 9 1] without a walk, [5 6 7 8 1] with one."""
 
-    def __init__(self, corpus: FrozenAutomaton | None, static_bias: int, walk: int | None = 0):
-        self.corpus, self.static_bias, self.walk = corpus, static_bias, walk
+    def __init__(self, corpus: FrozenAutomaton | None, static_bias: int, walk: int | None = 0,
+                 memory: Memory | None = None):
+        self.corpus, self.static_bias, self.walk, self.memory = corpus, static_bias, walk, memory
         self.reset()
 
     def reset(self) -> None:
         self.dynamic = SuffixAutomaton()
         self.cursor = self.static_cursor = (0, 0)  # (state, length) of the longest earlier match of the text's end
+        self.memory_cursor, self.memory_version = (0, 0), -1  # the same in the memory, as of its version
 
     def sync(self, context: torch.Tensor) -> None:
-        """Feed both automata the committed tokens they have not seen, all but the root."""
+        """Feed the automata the committed tokens they have not seen, all but the root; where the memory took an
+        answer since, its match is found anew over the whole context."""
         fed, end = len(self.dynamic), len(context) - 1
+        memory = self.memory
+        if memory is not None and memory.version != self.memory_version:
+            self.memory_cursor = memory.automaton.walk(context[:fed].tolist())
+            self.memory_version = memory.version
         if end <= fed:
             return
         dynamic, corpus = self.dynamic, self.corpus
@@ -134,21 +162,36 @@ class Retrieval:
             self.cursor = dynamic.settle(*self.cursor)
             if corpus is not None:
                 self.static_cursor = corpus.advance(*self.static_cursor, t)
+            if memory is not None:
+                self.memory_cursor = memory.automaton.advance(*self.memory_cursor, t)
 
     def best(self, root: int) -> Match | None:
-        """The better of the two automata's longest matches ending at ``root`` (None: neither matches)."""
+        """The best of the automata's longest matches ending at ``root`` (None: none matches); on a tie the request's
+        own text, then the memory."""
         state, length = self.dynamic.advance(*self.cursor, root)
         best = Match(DYNAMIC, length, length, state) if length else None
+        remembered = self.remembered(root)
+        if remembered is not None and (best is None or remembered.score > best.score):
+            best = remembered
         if self.corpus is not None:
             state, length = self.corpus.advance(*self.static_cursor, root)
             if length and (best is None or length - self.static_bias > best.score):
                 best = Match(STATIC, length, length - self.static_bias, state)
         return best
 
+    def remembered(self, root: int) -> Match | None:
+        """The memory's longest match ending at ``root``, or None."""
+        if self.memory is None:
+            return None
+        state, length = self.memory.automaton.advance(*self.memory_cursor, root)
+        return Match(MEMORY, length, length, state) if length else None
+
     def chain(self, match: Match, n: int) -> list[int]:
         """Up to ``n`` tokens that followed ``match``'s first occurrence (the dynamic one's after the ``walk``)."""
         if match.source == STATIC:
             return self.corpus.continuation(match.state, n)
+        if match.source == MEMORY:
+            return self.memory.continuation(match.state, n)
         d, state = self.dynamic, match.state
         if self.walk is not None:
             while d.link[state] > 0 and len(d) - d.end[state] < n + self.walk:
@@ -198,6 +241,11 @@ class _Retrieving(Proposer):
                                 "max_draft + 1 tokens after it (not max_draft), chains are padded to max_draft with "
                                 "token 0, and sam_tr ends a request as samd's loop does; exact with a corpus in the "
                                 "reference's layout (scripts.make_sam_corpus --layout reference)")
+        memory: str = param("none", "run: a third automaton over the run's earlier answers (the warm-up's left out), "
+                            "matched beside the request's own (SuffixDecoding's memory, not SAM-Decoding's); none",
+                            choices=("none", "run"))
+        memory_tree: bool = param(False, "memory=run: where both the request's text and the memory match, draft both "
+                                  "chains as one tree")
 
     def __init__(self, params, drafter: Proposer | None, corpus: FrozenAutomaton | None, about: dict | None,
                  device: torch.device):
@@ -209,7 +257,9 @@ class _Retrieving(Proposer):
         self.static_tree = self.STATIC_TREE
         self.drafter, self.device = drafter, device
         self.retrieval = Retrieval(corpus, params.static_bias,
-                                   walk=self.REFERENCE_WALK if params.reference else self.WALK)
+                                   walk=self.REFERENCE_WALK if params.reference else self.WALK,
+                                   memory=Memory() if params.memory == "run" else None)
+        self.memory_tree = params.memory_tree and params.memory == "run"
         self.budget: dict | None = None  # max_draft=auto: the caps by match score (methods.calibrate)
         self.log: list[tuple[int, int, int]] | None = None  # calibration: (score, drafted, accepted) per chain
         self.steps, self.accepted = Counter(), Counter()  # per drafter, for the summary
@@ -226,9 +276,11 @@ class _Retrieving(Proposer):
     def check(cls, params) -> None:
         if cls.Drafter is not None:
             cls.Drafter.check(cls._drafter_params(params))
-        if params.reference and (params.max_draft == AUTO or getattr(params, "merge", False)):
+        if params.reference and (params.max_draft == AUTO or getattr(params, "merge", False)
+                                 or params.memory != "none"):
             raise HarnessError("method.reference=true drafts as SAM-Decoding's code does, which has neither "
-                               "max_draft=auto nor merge=true: give max_draft a number and leave merge false")
+                               "max_draft=auto, merge=true nor a memory: give max_draft a number, leave merge false "
+                               "and memory none")
         if params.corpus:
             corpus_path(params.corpus)
 
@@ -245,16 +297,28 @@ class _Retrieving(Proposer):
     def corpus_digest(self) -> str | None:
         return self.corpus_about.get("sha256") if self.corpus_about else None
 
-    def probe(self) -> "SuffixDecoding":
+    def probe(self) -> "SamDecoding":
         """``sam`` with this run's automata and settings and the reference's chain length, logging its chains
         (max_draft=auto's calibration)."""
-        params = SuffixDecoding.Params(max_draft=self.longest, threshold=self.threshold, static_bias=self.static_bias,
-                                       alpha=self.alpha, corpus=self.corpus_file)
-        probe = SuffixDecoding(params, None, self.retrieval.corpus, self.corpus_about, self.device)
+        memory = "run" if self.retrieval.memory is not None else "none"
+        params = SamDecoding.Params(max_draft=self.longest, threshold=self.threshold, static_bias=self.static_bias,
+                                    alpha=self.alpha, corpus=self.corpus_file, memory=memory)
+        probe = SamDecoding(params, None, self.retrieval.corpus, self.corpus_about, self.device)
         probe.static_tree = False  # the caps are a chain's: the corpus's matches draft chains here too
         probe.retrieval.walk = self.retrieval.walk
         probe.log = []
         return probe
+
+    def chain_settings(self) -> tuple[str, dict]:
+        """What max_draft=auto's calibration depends on: its cache file's name part, and the settings it records."""
+        walk = self.retrieval.walk
+        corpus = self.corpus_digest or "none"
+        memory = self.retrieval.memory is not None
+        key = (f"sam-{corpus}-t{self.threshold}-b{self.static_bias}-a{self.alpha:g}-n{self.longest}-"
+               f"w{'none' if walk is None else walk}{'-mrun' if memory else ''}")
+        return key, {"max_draft": self.longest, "threshold": self.threshold, "static_bias": self.static_bias,
+                     "alpha": self.alpha, "walk": walk, "corpus": self.corpus_file, "corpus_sha256": corpus,
+                     **({"memory": "run"} if memory else {})}
 
     def prepare(self, preparation: Preparation) -> None:
         if self.drafter is not None:
@@ -285,6 +349,13 @@ class _Retrieving(Proposer):
     def token_only(self) -> bool:
         """Its chains copy the tokens; a tree drafter learns from the target."""
         return self.drafter is None
+
+    @property
+    def memory(self) -> str:
+        """run with the memory automaton, else its tree drafter's (Token Recycling's matrix)."""
+        if self.retrieval.memory is not None:
+            return "run"
+        return self.drafter.memory if self.drafter is not None else "none"
 
     @property
     def resumes_mid_request(self) -> bool:
@@ -321,6 +392,13 @@ class _Retrieving(Proposer):
         chain = self.retrieval.chain(match, self.cap(score)) if drafts else []
         if drafts and self.pads:
             chain += [0] * (self.cap(score) - len(chain))
+        if chain and self.memory_tree and match.source in (DYNAMIC, MEMORY):
+            other = self._other_chain(match, int(root))
+            if other:  # the two chains as one tree, the better one first
+                tree, tokens = graft(Tree.chain(len(chain) + 1), [int(root), *chain], other)
+                return Draft(torch.tensor(tokens, device=root.device), tree.to(root.device),
+                             info={"drafter": f"{DYNAMIC}+{MEMORY}", "match": score},
+                             keys=[0] + [self.key(score)] * (len(tokens) - 1))
         if chain and not self.merge:
             tokens = torch.cat([root, torch.tensor(chain, device=root.device)])
             return Draft(tokens, Tree.chain(len(tokens)).to(root.device), info={"drafter": match.source,
@@ -335,6 +413,18 @@ class _Retrieving(Proposer):
                          info={"drafter": f"{self.drafter.name}+{match.source}", "match": score})
         draft.info = {"drafter": self.drafter.name, "match": score}
         return draft
+
+    def _other_chain(self, match: Match, root: int) -> list[int]:
+        """memory_tree: the chain of the other of the request's text and the memory, where it matches well enough."""
+        r = self.retrieval
+        if match.source == MEMORY:
+            state, length = r.dynamic.advance(*r.cursor, root)
+            other = Match(DYNAMIC, length, length, state)
+        else:
+            other = r.remembered(root)
+        if other is None or other.score < self.threshold:
+            return []
+        return r.chain(other, self.cap(other.score))
 
     @staticmethod
     def key(score: int) -> int:
@@ -354,12 +444,24 @@ class _Retrieving(Proposer):
         who = draft.info["drafter"]
         self.steps[who] += 1
         self.accepted[who] += len(result.path) - 1
-        if self.log is not None and who in (DYNAMIC, STATIC):
+        if self.log is not None and who in (DYNAMIC, STATIC, MEMORY):
             self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1))
 
     def skipped(self, draft: Draft, result: Verification) -> None:
         if self.drafter is not None:
             self.drafter.skipped(draft, result)
+
+    def finish(self, answer: list[int]) -> None:
+        if self.retrieval.memory is not None:
+            self.retrieval.memory.add(answer)
+        if self.drafter is not None:
+            self.drafter.finish(answer)
+
+    def after_warmup(self) -> None:
+        if self.retrieval.memory is not None:
+            self.retrieval.memory.clear()
+        if self.drafter is not None:
+            self.drafter.after_warmup()
 
     def step_sizes(self) -> list[int]:
         most = self.longest if self.max_draft == AUTO else self.max_draft
@@ -373,16 +475,30 @@ class _Retrieving(Proposer):
         return sorted(sizes)
 
     def state_dict(self) -> dict:
-        return self.drafter.state_dict() if self.drafter is not None else {}
+        out = self.drafter.state_dict() if self.drafter is not None else {}
+        if self.retrieval.memory is not None:  # the remembered answers, which rebuild the same automaton
+            out["sam_memory"] = torch.tensor(self.retrieval.memory.automaton.tokens, dtype=torch.int64)
+        return out
 
     def load_state_dict(self, state: dict) -> None:
+        memory = self.retrieval.memory
+        if memory is not None and "sam_memory" in state:
+            text = state["sam_memory"].tolist()
+            if memory.automaton.tokens != text:  # the slots share it: the first slot's load rebuilds it
+                memory.clear()
+                memory.automaton.extend(text)
+                memory.version = text.count(SEPARATOR)
+            self.retrieval.memory_version = -1
         if self.drafter is not None:
-            self.drafter.load_state_dict(state)
+            self.drafter.load_state_dict({k: v for k, v in state.items() if k != "sam_memory"})
 
     def summary(self) -> dict:
         corpus = self.retrieval.corpus
+        memory = self.retrieval.memory
         out = {"max_draft": self.max_draft, "threshold": self.threshold, "static_bias": self.static_bias,
                "alpha": self.alpha, "reference": self.reference,
+               **({"memory_answers": memory.version, "memory_tokens": len(memory.automaton) - memory.version,
+                   "memory_tree": self.memory_tree} if memory is not None else {}),
                "corpus": self.corpus_file, **({"merge": self.merge} if self.drafter is not None else {}),
                **({"corpus_tokens": len(corpus), "corpus_states": corpus.states, "corpus_about": self.corpus_about}
                   if corpus is not None else {}),
@@ -394,7 +510,7 @@ class _Retrieving(Proposer):
 
 
 @register
-class SuffixDecoding(_Retrieving):
+class SamDecoding(_Retrieving):
     """SAM alone: a chain from the request, or a tree from the corpus, where a match is long enough, else a plain
     step."""
 

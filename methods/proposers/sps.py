@@ -140,6 +140,7 @@ class SpS(Proposer):
         self.engine = drafter_engine(drafter)
         self.start_tokens, self.gamma, self.schedule, self.k = draft_tokens, draft_tokens, schedule, topk
         self.sampler, self.n_prompt, self.forwarded = None, 0, 0
+        self.memory = "run" if schedule == "heuristic" else "none"  # the chain length goes on across requests
 
     @classmethod
     def check(cls, params: Params) -> None:

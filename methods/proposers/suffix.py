@@ -1,367 +1,228 @@
-"""Suffix automata over token ids: the longest earlier match of a sequence's end, in amortised O(1) per token.
+"""SuffixDecoding (Oliaro et al., arXiv 2411.04975, NeurIPS 2025): drafts from suffix trees over the request and
+over the run's earlier answers.
 
-The suffix automaton of a text recognises exactly its substrings. Its states are classes of
-substrings that end at the same set of positions; each state keeps the longest length of its
-class (``length``), a suffix link to the state of its longest suffix outside the class
-(``link``), its transitions (``next``) and where its strings first end (``end``: the index one past
-their first occurrence, so ``tokens[end:]`` is what followed it). Walking the automaton with a
-*cursor* ``(state, length)`` token by token tracks the longest suffix of the walked sequence that
-occurs in the text: on a token without a transition the cursor falls back along suffix links to a
-shorter suffix (``advance``).
+Every step matches the end of the committed sequence (its newest token, the root, included) in two suffix trees
+(``methods.suffix_tree``) and drafts the better-scoring continuation of the two:
 
-Worked example, the text ``[1 2 3 1 2]``::
+* the request's own tree, over its prompt and what it has generated so far (built anew for every request; a second
+  turn's prompt holds the first turn);
+* the **global** tree, over the answers of earlier requests of the run (``max_cached_requests`` of them, the
+  oldest leaving first; 0: none) and the running answers, token by token as they are committed: the memory
+  across requests that makes the method shine where requests repeat each other.
 
-    cursor after walking 1 2    -> (state of "1 2", 2); "1 2" first ends at 2: tokens[2:] = [3 1 2]
-    advance by 3                -> length 3 ("1 2 3"), first end 3: continuation [1 2]
-    advance by 5 (not in text)  -> (root, 0): nothing matches
+A draft follows every match length up to the tree depth: a match of m tokens allows ``min(max_spec_tokens,
+floor(m * max_spec_factor + max_spec_offset))`` tokens, each as likely as the share of the match's occurrences it
+continues (the product along its path), none under ``min_token_prob``; a draft scores the sum of its tokens'
+probabilities. ``tree=false`` drafts a chain of the most frequent continuation (what vLLM verifies);
+``tree=true`` a tree of the most probable continuations, best first (what the paper and SGLang verify).
 
-Two forms: ``SuffixAutomaton`` grows one token at a time (the prompt and output of a request, the
-classic online construction: amortised O(1) per token); ``FrozenAutomaton`` is the same automaton
-in flat arrays (transitions sorted per state), built once from a corpus and saved with numpy, never
-pickled. Both answer ``advance`` and ``continuation`` alike. The frozen one also knows how often
-each state's strings occur (``count``) and drafts a tree of a match's most frequent continuations
-(``frequent_tree``), as SAM-Decoding's static automaton does for its SAM-only method.
+This is arctic-inference's SuffixDecoding (snowflakedb/ArcticInference at 9d46438, the 0.3.0 release:
+``arctic_inference/suffix_decoding/cache.py`` and ``csrc/suffix_decoding/suffix_tree.cc``) as vLLM's
+``method="suffix"`` drives it (``vllm/v1/spec_decode/suffix_decoding.py``: a request starts with its prompt once
+its first token exists, every step adds the tokens committed since, then speculates from the last
+``max_depth`` tokens), with vLLM's defaults (``suffix_decoding_max_tree_depth`` 24,
+``suffix_decoding_max_cached_requests`` 10000, ``suffix_decoding_max_spec_factor`` 1.0,
+``suffix_decoding_min_token_prob`` 0.1, ``num_speculative_tokens`` the tree depth when not given). Its drafts
+are the library's, token for token (``tests/test_suffix.py``), from our own trees (``backend=python``) or the
+library's (``backend=arctic``, after ``make arctic``).
 
-The construction is the textbook one (Blumer et al. 1985); SAM-Decoding (hyx1999/SAM-Decoding,
-``samd/sam/dyn_sam.py``) uses the same automaton with the first end position per state. Ours adds
-transitions to a state in the same order as the reference's (the order ``frequent_tree`` breaks ties by).
+Where the run's memory differs from a server's: the requests are the run's turns, in the run's order; an answer
+joins the global tree whole once it ends (``Proposer.finish``: the last step's tokens too); the warm-up's answers
+leave it before the timed questions unless ``warmup_memory=true``; a resumed run rebuilds it by replaying every
+change (``SuffixCache.replay``), so that it drafts what the unbroken run drafts.
 """
 from __future__ import annotations
 
-import heapq
-from array import array
-from bisect import bisect_left
-from pathlib import Path
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
 
-import numpy as np
+import torch
 
-from methods.common import HarnessError, atomic
+from methods.base import Draft, Preparation, Proposer, register
+from methods.calibrate import chain_budget
+from methods.params import AUTO, param
+from methods.suffix_tree import NativeTree, SuffixCache, SuffixTree, have_native, native
+from methods.tree import Tree
 
-
-class SuffixAutomaton:
-    """A suffix automaton that grows with its text.
-
-    >>> sam = SuffixAutomaton([1, 2, 3, 1, 2])
-    >>> state, length = sam.walk([1, 2, 3])
-    >>> length, sam.continuation(state, 5)
-    (3, [1, 2])
-    """
-
-    def __init__(self, tokens=()):
-        self.next: list[dict[int, int]] = [{}]
-        self.link = [-1]
-        self.length = [0]
-        self.end = [0]
-        self.tokens: list[int] = []
-        self.last = 0  # the state of the whole text
-        self.extend(tokens)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def states(self) -> int:
-        return len(self.length)
-
-    def extend(self, tokens) -> None:
-        """Append ``tokens`` to the text (the online construction: one new state per token, at most one clone)."""
-        nxt, link, length, end, text = self.next, self.link, self.length, self.end, self.tokens
-        for t in tokens:
-            text.append(t)
-            cur = len(length)
-            nxt.append({})
-            link.append(0)
-            length.append(length[self.last] + 1)
-            end.append(len(text))
-            p = self.last
-            while p != -1 and t not in nxt[p]:
-                nxt[p][t] = cur
-                p = link[p]
-            if p != -1:
-                q = nxt[p][t]
-                if length[p] + 1 == length[q]:
-                    link[cur] = q
-                else:  # q's class splits: its strings of length <= length[p] + 1 move to a clone
-                    clone = len(length)
-                    nxt.append(dict(nxt[q]))
-                    link.append(link[q])
-                    length.append(length[p] + 1)
-                    end.append(end[q])
-                    while p != -1 and nxt[p].get(t) == q:
-                        nxt[p][t] = clone
-                        p = link[p]
-                    link[q] = link[cur] = clone
-            self.last = cur
-
-    def advance(self, state: int, length: int, token: int) -> tuple[int, int]:
-        """The cursor after ``token``: the longest suffix of (cursor's match + token) that occurs in the text."""
-        nxt, link, lengths = self.next, self.link, self.length
-        while state and token not in nxt[state]:
-            state = link[state]
-            length = lengths[state]
-        target = nxt[state].get(token)
-        return (target, length + 1) if target is not None else (0, 0)
-
-    def settle(self, state: int, length: int) -> tuple[int, int]:
-        """A cursor made before ``extend`` in the state that holds its match now (an extension can split the
-        cursor's class, moving its shorter strings to a clone)."""
-        while state and length <= self.length[self.link[state]]:
-            state = self.link[state]
-        return state, length
-
-    def walk(self, tokens, state: int = 0, length: int = 0) -> tuple[int, int]:
-        for t in tokens:
-            state, length = self.advance(state, length, t)
-        return state, length
-
-    def continuation(self, state: int, n: int) -> list[int]:
-        """Up to ``n`` tokens that followed the first occurrence of ``state``'s strings."""
-        start = self.end[state]
-        return self.tokens[start: start + n]
-
-    def occurrences(self) -> np.ndarray:
-        """How often each state's strings occur in the text (its number of end positions).
-
-        Every prefix of the text ends at one position of its own, in the state made when its last token came
-        (``length == end``); a clone (``length < end``) has none of its own. A state's positions are its own and
-        those of the states whose suffix link leads to it, so the counts add up the links, longest state first.
-
-        >>> SuffixAutomaton([1, 2, 1, 2]).occurrences()[1:].tolist()   # states "1", "(1) 2", "(1) 2 1", "(1 2) 1 2"
-        [2, 2, 1, 1]
-        """
-        link = self.link
-        count = [int(n == e) for n, e in zip(self.length, self.end)]
-        count[0] = 0  # the root (the empty string) is never a match
-        for s in np.argsort(-np.array(self.length), kind="stable")[:-1].tolist():  # all but the root, the shortest
-            if link[s] > 0:
-                count[link[s]] += count[s]
-        return np.array(count, dtype=np.int64)
-
-    def freeze(self) -> "FrozenAutomaton":
-        """The same automaton in flat arrays (for a corpus: built once, saved, loaded without pickling), with every
-        state's occurrence count and its transitions ranked by how often their targets occur, most first, ties in
-        the order the transitions were made (``FrozenAutomaton.frequent_tree``)."""
-        sizes = np.fromiter((len(d) for d in self.next), dtype=np.int64, count=self.states)
-        offsets = np.zeros(self.states + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        keys = np.empty(int(offsets[-1]), dtype=np.int64)
-        targets = np.empty(int(offsets[-1]), dtype=np.int64)
-        ranked = np.empty(int(offsets[-1]), dtype=np.int64)
-        count = self.occurrences()
-        at = 0
-        for d in self.next:
-            slot = {}
-            for k in sorted(d):
-                keys[at], targets[at], slot[k] = k, d[k], at
-                at += 1
-            # A dict iterates in insertion order and sorted() is stable: ties stay in the order they were made.
-            ranked[at - len(d): at] = [slot[k] for k in sorted(d, key=lambda k: -count[d[k]])]
-        return FrozenAutomaton(offsets, keys, targets, np.array(self.link, dtype=np.int64),
-                               np.array(self.length, dtype=np.int64), np.array(self.end, dtype=np.int64),
-                               np.array(self.tokens, dtype=np.int64), count, ranked)
+BACKENDS = ("auto", "python", "arctic")
+REQUEST, MEMORY = "request", "memory"  # a step's drafter: the request's own tree, or the global one
 
 
-def _ints(a: np.ndarray) -> array:
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(a, dtype=np.int64).tobytes())
-    return out
+def key(prob: float) -> int:
+    """A drafted node's key for a per-step budget (``Draft.keys``): its probability's tenth, 1 to 10."""
+    return 1 + min(9, int(prob * 10))
 
 
-class _Candidate:
-    """A node waiting in ``frequent_tree``'s heap. It compares by its negated probability alone, as the reference's
-    heap items do (``SearchItem``, ``dataclass(order=True)`` with every other field ``compare=False``), so that
-    among equal probabilities ``heapq``'s own order picks the same node as there."""
+@register
+class SuffixDecoding(Proposer):
+    name = "suffix"
+    token_only = True
+    resumes_mid_request = True  # its cache is replayed, its request's tree rebuilt from the context
 
-    __slots__ = ("key", "token", "state", "parent", "depth")
+    @dataclass
+    class Params:  # vLLM's defaults (vllm/config/speculative.py, suffix_decoding_*), arctic-inference's names
+        tree: bool = param(False, "false: a chain of the most frequent continuation (vLLM); true: a tree of the most "
+                           "probable ones (the paper, SGLang)")
+        max_depth: int = param(24, "the trees hold substrings of up to this many tokens: a match and its draft "
+                               "together (max_tree_depth)", low=2, high=4096)
+        max_cached_requests: int = param(10000, "the global tree's answers, the oldest leaving first; 0: no global "
+                                         "tree (no memory across requests); -1: no bound", low=-1)
+        max_spec_tokens: int | str | None = param(None, "most tokens a draft holds (vLLM's num_speculative_tokens); "
+                                                  "null: max_depth; auto: capped by match length where they stop "
+                                                  "paying on this device", low=1, high=4096, auto=True)
+        max_spec_factor: float = param(1.0, "a match of m tokens drafts at most m x this + max_spec_offset", low=0)
+        max_spec_offset: float = param(0.0, "see max_spec_factor")
+        min_token_prob: float = param(0.1, "no drafted token less likely than this (its share of the match's "
+                                      "occurrences along its path)", low=0, high=1)
+        warmup_memory: bool = param(False, "true: the warm-up's answers stay in the global tree for the timed ones")
+        backend: str = param("auto", "whose suffix trees: python (ours), arctic (arctic-inference's C++, make "
+                             "arctic), auto (arctic where installed); the same drafts either way", choices=BACKENDS)
 
-    def __init__(self, key: float, token: int, state: int, parent: int, depth: int):
-        self.key, self.token, self.state, self.parent, self.depth = key, token, state, parent, depth
+    def __init__(self, params: Params, device: torch.device):
+        self.tree, self.max_depth, self.params = params.tree, params.max_depth, params
+        self.factor, self.offset, self.floor = params.max_spec_factor, params.max_spec_offset, params.min_token_prob
+        self.backend = params.backend if params.backend != "auto" else "arctic" if have_native() else "python"
+        if self.backend == "arctic":
+            native()  # installed, or a one-line error now
+        self.cache = SuffixCache(params.max_depth, params.max_cached_requests,
+                                 NativeTree if self.backend == "arctic" else SuffixTree)
+        self.auto = params.max_spec_tokens == AUTO
+        # the longest draft: the tree depth where not given (vLLM's num_speculative_tokens), auto's probe's too
+        self.most = params.max_depth if params.max_spec_tokens in (None, AUTO) else params.max_spec_tokens
+        self.memory = "none" if params.max_cached_requests == 0 else "run"
+        self.device = device
+        self.stats = {"steps": Counter(), "accepted": Counter()}  # per drafter, shared by the slots
+        self.last = None  # the last speculation as the library returns it (scripts.suffix_parity compares it)
+        self.budget: dict | None = None  # max_spec_tokens=auto: the caps by match length (methods.calibrate)
+        self.threshold = 1  # the shortest match that drafts, where auto's caps start
+        self.log: list | None = None  # auto's calibration: (match, drafted, accepted, accepted nodes' places)
+        self._order: list[int] = []  # the last draft's nodes' places in the speculation (its best-first order)
+        self._new_request()
 
-    def __lt__(self, other: "_Candidate") -> bool:
-        return self.key < other.key
-
-
-class FrozenAutomaton:
-    """A suffix automaton in arrays: state ``s``'s transitions are ``keys[offsets[s]:offsets[s+1]]`` (sorted)
-    to ``targets[...]``; ``link``, ``length``, ``end`` and ``count`` (occurrences) per state; ``ranked[offsets[s]:
-    offsets[s+1]]`` the indices of ``s``'s transitions, the most frequent target first; ``tokens`` the text."""
-
-    FIELDS = ("offsets", "keys", "targets", "link", "length", "end", "tokens", "count", "ranked")
-
-    def __init__(self, offsets, keys, targets, link, length, end, tokens, count, ranked):
-        self.offsets, self.keys, self.targets = offsets, keys, targets
-        self.link, self.length, self.end, self.tokens = link, length, end, tokens
-        self.count, self.ranked = count, ranked
-        # The walk reads plain int64 arrays (a token's lookup is a bisection in one state's keys): indexing one
-        # gives a Python int at once, where a numpy scalar costs a microsecond; 8 bytes an entry either way.
-        self._offsets, self._keys, self._targets, self._link, self._length, self._count, self._ranked = (
-            _ints(a) for a in (offsets, keys, targets, link, length, count, ranked))
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def states(self) -> int:
-        return len(self.length)
-
-    def _next(self, state: int, token: int) -> int | None:
-        lo, hi = self._offsets[state], self._offsets[state + 1]
-        i = bisect_left(self._keys, token, lo, hi)
-        return self._targets[i] if i < hi and self._keys[i] == token else None
-
-    def advance(self, state: int, length: int, token: int) -> tuple[int, int]:
-        target = self._next(state, token)
-        while target is None and state:
-            state = self._link[state]
-            length = self._length[state]
-            target = self._next(state, token)
-        return (target, length + 1) if target is not None else (0, 0)
-
-    def walk(self, tokens, state: int = 0, length: int = 0) -> tuple[int, int]:
-        for t in tokens:
-            state, length = self.advance(state, length, t)
-        return state, length
-
-    def continuation(self, state: int, n: int) -> list[int]:
-        """Up to ``n`` tokens that followed the first occurrence of ``state``'s strings, within its sequence."""
-        start = int(self.end[state])
-        out = self.tokens[start: start + n]
-        cut = np.flatnonzero(out == SEPARATOR)
-        return out[: cut[0] if len(cut) else len(out)].tolist()
-
-    def frequent_tree(self, state: int, size: int, width: int) -> list[tuple[int, int]]:
-        """A tree of the most frequent continuations of ``state``'s strings, best first: ``(parent, token)`` of each
-        node after the root (node 0, the match itself), in the order they were taken; at most ``size`` nodes with
-        the root and ``width`` per depth.
-
-        SAM-Decoding's SAM-only method drafts this from its static automaton (hyx1999/SAM-Decoding 18c41f0,
-        ``samd_sam_only/sam/static_sam.py``: ``StaticSAM.gen_draft`` lines 182-215, ``init_topk_next`` lines
-        137-146): a heap of candidates keyed by the product, along their path, of each token's share of its parent
-        state's occurrences, starting from the root at probability 1; each one taken offers its state's ``width``
-        most frequent transitions; a candidate whose depth already has ``width`` nodes is dropped. The products are
-        formed in the same order as there, so that equal probabilities stay equal and ties fall out alike.
-        ``SEPARATOR`` (between a corpus's sequences) is never offered.
-
-        >>> sam = SuffixAutomaton([1, 2, 4, 1, 2, 4, 1, 3, 1, 2]).freeze()   # "1": 4 times, 3 of them "1 2"
-        >>> sam.frequent_tree(sam.walk([1])[0], size=4, width=8)   # 2 (p 3/4), its 4 (3/4 x 2/3), 4's 1 (1/2 x 1)
-        [(0, 2), (1, 4), (2, 1)]
-        """
-        offsets, keys, targets, ranked, count = self._offsets, self._keys, self._targets, self._ranked, self._count
-        heap = [_Candidate(-1.0, -1, state, -1, 0)]
-        nodes: list[tuple[int, int]] = []
-        per_depth: dict[int, int] = {}
-        while heap and len(nodes) < size:
-            c = heapq.heappop(heap)
-            if per_depth.get(c.depth, 0) >= width:
-                continue
-            per_depth[c.depth] = per_depth.get(c.depth, 0) + 1
-            index = len(nodes)
-            nodes.append((c.parent, c.token))
-            if len(nodes) == size:
-                break
-            total, offered = count[c.state], 0
-            for i in range(offsets[c.state], offsets[c.state + 1]):
-                if offered == width:
-                    break
-                slot = ranked[i]
-                token, child = keys[slot], targets[slot]
-                if token == SEPARATOR:
-                    continue
-                heapq.heappush(heap, _Candidate(c.key * (count[child] / total), token, child, index, c.depth + 1))
-                offered += 1
-        return nodes[1:]
-
-    def save(self, path: Path) -> None:
-        with atomic(Path(path)) as tmp:
-            with open(tmp, "wb") as f:
-                np.savez(f, **{k: getattr(self, k) for k in self.FIELDS})
+    def _new_request(self) -> None:
+        self.request: int | None = None  # the cache's id of this slot's request, once started
+        self.prompt_len = self.fed = 0  # tokens of the prompt, and of the answer the cache has
 
     @classmethod
-    def load(cls, path: Path) -> "FrozenAutomaton":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return cls(*(z[k] for k in cls.FIELDS))
-        except (OSError, ValueError, KeyError) as e:
-            raise HarnessError(f"{path} is not a saved suffix automaton ({type(e).__name__}); delete it to build "
-                               f"it again") from None
+    def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "SuffixDecoding":
+        return cls(params, device)
 
+    def fork(self) -> "SuffixDecoding":
+        other = super().fork()  # the cache (its global tree) and the statistics are the batch's
+        other._new_request()
+        return other
 
-# ---------------------------------------------------------------- corpora: token sequences for a static automaton
+    def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
+        self._new_request()
+        self.prompt_len = len(prompt_ids)
 
-SEPARATOR = -1  # between a corpus's sequences in its automaton: no token matches it, so no match spans two
-FORMAT = 2  # of a cached corpus automaton (2: with count and ranked); in its file name, so an older one is not read
+    def _catch_up(self, context: torch.Tensor) -> None:
+        """Start the request in the cache (its prompt) if it has not started, then add the answer's tokens it has
+        not seen."""
+        if self.request is None:
+            self.request = self.cache.new_request()
+            self.cache.start(self.request, context[: self.prompt_len].tolist())
+        new = context[self.prompt_len + self.fed:].tolist()
+        if new:
+            self.cache.add(self.request, new)
+            self.fed += len(new)
 
+    def propose(self, context: torch.Tensor) -> Draft:
+        self._catch_up(context)
+        root = context[-1:]
+        d, remembered = self.cache.speculate(self.request, context[-self.max_depth:].tolist(), self.most,
+                                             self.factor, self.offset, self.floor, self.tree)
+        self.last = d
+        n = self.cap(d.match_len)
+        if not d.token_ids[:n]:
+            return Draft(root, Tree.chain(1).to(root.device), info={"drafter": "plain", "match": d.match_len})
+        tree, order = Tree.breadth_first([-1] + [p + 1 for p in d.parents[:n]])
+        self._order = order
+        tokens, probs = [int(root)] + d.token_ids, [1.0] + d.probs
+        return Draft(torch.tensor([tokens[i] for i in order], device=root.device), tree.to(root.device),
+                     info={"drafter": MEMORY if remembered else REQUEST, "match": d.match_len},
+                     keys=[0] + [key(probs[i]) for i in order[1:]])
 
-def reference_layout(sequences, eos: int, vocab: int) -> list[int]:
-    """The corpus as SAM-Decoding's corpus tools lay it out, one sequence: each sequence then every vocabulary id
-    as a sequence of its own, each followed by ``eos`` unless it ends with it (hyx1999/SAM-Decoding 18c41f0,
-    ``tools/gen_sam_alpaca.py`` and ``tools/gen_sam_alpaca_sam_only.py`` lines 39-46; ``StaticSAM.add_batch_tokens``
-    in ``samd/sam/static_sam.py`` lines 32-36). One text, so a match or a chain may run on into the next
-    sequence, and every token matches at least itself, as there; saved as one sequence, its automaton is theirs.
+    def cap(self, match: int) -> int:
+        """Most tokens a draft from a match of ``match`` tokens keeps: its first in best-first order (auto: the
+        calibrated cap of its range of match lengths)."""
+        if self.budget is None:
+            return self.most
+        return next(c for lo, c in reversed(self.budget["caps"]) if match >= lo or lo == self.threshold)
 
-    >>> reference_layout([[5, 6], [7, 2]], eos=2, vocab=3)
-    [5, 6, 2, 7, 2, 0, 2, 1, 2, 2]
-    """
-    out: list[int] = []
-    for s in [*sequences, *([i] for i in range(vocab))]:
-        out.extend(s)
-        if s[-1] != eos:
-            out.append(eos)
-    return out
+    def prepare(self, preparation: Preparation) -> None:
+        if self.auto and self.budget is None:
+            self.budget = chain_budget(self, preparation)
 
+    def chain_settings(self) -> tuple[str, dict]:
+        """What auto's calibration depends on: its cache file's name part, the settings it records."""
+        p = self.params
+        key = (f"suffix-{'tree' if p.tree else 'chain'}-d{p.max_depth}-c{p.max_cached_requests}-f{p.max_spec_factor:g}"
+               f"-o{p.max_spec_offset:g}-p{p.min_token_prob:g}")
+        return key, {"max_draft": self.most, "tree": p.tree, "max_depth": p.max_depth,
+                     "max_cached_requests": p.max_cached_requests, "max_spec_factor": p.max_spec_factor,
+                     "max_spec_offset": p.max_spec_offset, "min_token_prob": p.min_token_prob}
 
-def save_corpus(path: Path, sequences: list[list[int]], about: dict) -> None:
-    """A corpus file: ``.npz`` with the sequences' tokens end to end (``tokens``, uint16 where the ids fit),
-    their lengths (``lengths``) and ``about`` (JSON: the model, where the sequences come from)."""
-    import json
+    def probe(self) -> "SuffixDecoding":
+        """This method's settings with the longest drafts and a cache of its own, logging every drafting step
+        (auto's calibration)."""
+        probe = SuffixDecoding(dataclasses.replace(self.params, max_spec_tokens=None, backend=self.backend),
+                               self.device)
+        probe.log = []
+        return probe
 
-    flat = np.fromiter((t for s in sequences for t in s), dtype=np.int64)
-    dtype = np.uint16 if flat.size == 0 or flat.max() < 2 ** 16 else np.uint32
-    with atomic(Path(path)) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, tokens=flat.astype(dtype), lengths=np.array([len(s) for s in sequences]),
-                                about=np.array(json.dumps(about)))
+    def artefacts(self) -> dict[str, object]:
+        return {"draft_budget.json": self.budget} if self.budget is not None else {}
 
+    def update(self, draft: Draft, result) -> None:
+        who = draft.info["drafter"]
+        self.stats["steps"][who] += 1
+        self.stats["accepted"][who] += len(result.path) - 1
+        if self.log is not None and who in (REQUEST, MEMORY):
+            places = sorted(self._order[i] - 1 for i in result.path[1:])
+            self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1, places))
 
-def load_corpus(path: Path) -> tuple[list[np.ndarray], dict]:
-    """(sequences, about) of a corpus file written by ``save_corpus``."""
-    import json
+    def finish(self, answer: list[int]) -> None:
+        """The answer's last tokens join the trees, and the request's own tree goes (its answer stays in the
+        global one)."""
+        if self.request is None:  # it ended at its prefill, before any step
+            self.request = self.cache.new_request()
+            self.cache.start(self.request, [])
+        if answer[self.fed:]:
+            self.cache.add(self.request, answer[self.fed:])
+        self.cache.stop(self.request)
+        self._new_request()
 
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            tokens, lengths, about = z["tokens"].astype(np.int64), z["lengths"], json.loads(str(z["about"]))
-    except FileNotFoundError:
-        raise HarnessError(f"no SAM corpus at {path}; give method.corpus=PATH (a file of python -m "
-                           f"scripts.make_sam_corpus), or method.corpus=null for none") from None
-    except (OSError, ValueError, KeyError) as e:
-        raise HarnessError(f"{path} is not a SAM corpus file ({type(e).__name__}: {e}); make one with python -m "
-                           f"scripts.make_sam_corpus") from None
-    if int(lengths.sum()) != len(tokens):
-        raise HarnessError(f"{path}: its lengths add up to {int(lengths.sum())} tokens but it holds {len(tokens)}; "
-                           f"make it again with python -m scripts.make_sam_corpus")
-    return np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else [], about
+    def after_warmup(self) -> None:
+        if not self.params.warmup_memory:
+            self.cache.clear()
 
+    def step_sizes(self) -> list[int]:
+        return list(range(1, self.most + 2))
 
-def corpus_automaton(path: Path, cache: Path) -> tuple[FrozenAutomaton, dict]:
-    """The frozen automaton of a corpus file (sequences joined by ``SEPARATOR``) and the corpus's ``about`` with
-    ``sha256`` (the file's content hash, 16 digits) added; built once and kept in ``cache`` under that hash."""
-    import hashlib
+    def state_dict(self) -> dict:
+        """The cache's log (it replays into the same cache) and this slot's request."""
+        return {"suffix_log": torch.frombuffer(bytearray(self.cache.log), dtype=torch.int64),
+                "suffix_request": -1 if self.request is None else self.request, "suffix_fed": self.fed}
 
-    path = Path(path)
-    try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError as e:
-        raise HarnessError(f"cannot read the SAM corpus {path} ({e.strerror}); give method.corpus=PATH, or "
-                           f"method.corpus=null for none") from None
-    sequences, about = load_corpus(path)
-    about = {**about, "sha256": digest}
-    saved = cache / f"{path.stem}-{digest}-f{FORMAT}.npz"
-    if saved.is_file():
-        return FrozenAutomaton.load(saved), about
-    sam = SuffixAutomaton()
-    for s in sequences:
-        sam.extend(s.tolist())
-        sam.extend((SEPARATOR,))
-    frozen = sam.freeze()
-    frozen.save(saved)
-    return frozen, about
+    def load_state_dict(self, state: dict) -> None:
+        if not state:
+            return
+        log = state["suffix_log"].tolist()
+        if self.cache.log.tolist() != log:  # the slots share one cache: the first slot's load rebuilds it
+            self.cache.replay(log)
+        self.request = None if state["suffix_request"] < 0 else int(state["suffix_request"])
+        self.fed = int(state["suffix_fed"])
+
+    def summary(self) -> dict:
+        p = self.params
+        return {"tree": p.tree, "max_depth": p.max_depth, "max_cached_requests": p.max_cached_requests,
+                "max_spec_tokens": AUTO if self.auto else self.most, "max_spec_factor": p.max_spec_factor,
+                "max_spec_offset": p.max_spec_offset, "min_token_prob": p.min_token_prob,
+                "warmup_memory": p.warmup_memory, "backend": self.backend, "memory": self.memory,
+                "memory_answers": len(self.cache.cached),
+                "steps_by_drafter": dict(self.stats["steps"]),
+                "accepted_drafts_by_drafter": dict(self.stats["accepted"]),
+                **({"budget": self.budget} if self.budget else {})}
+

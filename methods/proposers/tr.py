@@ -113,6 +113,7 @@ class TokenRecycling(Proposer):
     def __init__(self, vocab_size: int, k: int, tree: Tree, tree_name: str, start: str, device: torch.device,
                  first_step: str, reference: bool = False):
         self.k, self.start, self.tree_name, self.device = k, start, tree_name, device
+        self.memory = "question" if start in ("cold", "prompt") else "run"  # the matrix: zeroed per question, or not
         self.first_step, self.reference = first_step, reference
         self.ending = REFERENCE_ENDING if reference else None
         self.drafts_first = first_step == "tree"  # the reference's prefill: the prompt but its last token
