@@ -427,7 +427,9 @@ class SuffixCache:
     9d46438, as vLLM's ``SuffixDecodingProposer`` drives it): ``start``, ``add``, ``stop`` and ``speculate`` are its
     ``start_request``, ``add_active_response``, ``stop_request`` and ``speculate`` (requests named by integers here;
     a global sequence id goes to each started request in turn, as there). Every change is logged (``log``), so that
-    a cache is rebuilt exactly, ties and all, by replaying it (``replay``): what a resumed run restores.
+    a cache is rebuilt exactly, ties and all, by replaying it (``replay``): what a resumed run restores. The log
+    leaves the prompts out (the request trees of the requests still active are rebuilt from their context:
+    ``rebuild``), so that it holds about one int per answer token.
     """
 
     def __init__(self, max_depth: int, max_cached_requests: int, tree: type = SuffixTree):
@@ -439,7 +441,7 @@ class SuffixCache:
         self.global_tree = self.make(self.max_depth)
         self.local: dict[int, object] = {}  # active request -> its tree
         self.cached: dict[int, int] = {}  # request -> its global sequence, oldest first
-        self.owner: dict[int, int] = {}  # global sequence -> request
+        self.request_of: dict[int, int] = {}  # global sequence -> request
         self.next_seq = 0
         self.next_request = 0  # the id ``new_request`` hands out next
         self.log = array("q")
@@ -453,7 +455,7 @@ class SuffixCache:
         self.log.extend(tokens)
 
     def start(self, request: int, prompt: list[int]) -> None:
-        self._record(START, request, prompt)
+        self._record(START, request)
         self.next_request = max(self.next_request, request + 1)
         self.local[request] = self.make(self.max_depth)
         self.local[request].extend(0, prompt)
@@ -464,18 +466,18 @@ class SuffixCache:
         while True:  # the next id not held by an active request
             seq = self.next_seq
             self.next_seq = (seq + 1) & 0x7FFFFFFF
-            if seq not in self.owner or self.owner[seq] not in self.local:
+            if seq not in self.request_of or self.request_of[seq] not in self.local:
                 break
-        if seq in self.owner:  # a wrapped-around id still cached: that response goes
-            self.cached.pop(self.owner.pop(seq))
+        if seq in self.request_of:  # a wrapped-around id still cached: that response goes
+            self.cached.pop(self.request_of.pop(seq))
             self.global_tree.remove(seq)
-        self.cached[request], self.owner[seq] = seq, request
+        self.cached[request], self.request_of[seq] = seq, request
         while 0 < self.max_cached < len(self.cached):
             self.evict(next(r for r, s in self.cached.items() if s != seq))
 
     def evict(self, request: int) -> None:
         seq = self.cached.pop(request)
-        del self.owner[seq]
+        del self.request_of[seq]
         self.global_tree.remove(seq)
 
     def add(self, request: int, tokens: list[int]) -> None:
@@ -488,6 +490,12 @@ class SuffixCache:
         self._record(STOP, request)
         del self.local[request]
 
+    def rebuild(self, request: int, tokens: list[int]) -> None:
+        """Active ``request``'s own tree made anew from its ``tokens`` (its prompt, then its answer so far), after a
+        ``replay``, whose log holds no prompt."""
+        self.local[request] = self.make(self.max_depth)
+        self.local[request].extend(0, tokens)
+
     def speculate(self, request: int, context: list[int], max_spec_tokens: int, max_spec_factor: float,
                   max_spec_offset: float, min_token_prob: float, tree: bool) -> tuple[Draft, bool]:
         """(the better draft after ``context``, whether it came from the global tree)."""
@@ -498,7 +506,8 @@ class SuffixCache:
         return (own, False) if own.score >= other.score else (other, True)
 
     def replay(self, log) -> None:
-        """This cache emptied, then every logged change of ``log`` (another cache's ``log``) made again."""
+        """This cache emptied, then every logged change of ``log`` (another cache's ``log``) made again: the global
+        tree as it was, and the active requests' own trees without their prompts (``rebuild`` them)."""
         self.clear()
         log, at = list(log), 0
         while at < len(log):

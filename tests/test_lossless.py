@@ -92,11 +92,17 @@ VARIANTS = [
     ["method=sam_tr", "method.merge=true", "method.tree=grown-n30-d6"],   # chain and tree in one tree
     ["method=sam_tr", "method.tree=auto", "method.max_draft=auto"],       # sized for this device
     ["method=sam_eagle2", "method.total_tokens=20", "method.merge=true"],
+    ["method=sam", "method.memory=run", "method.memory_tree=true"],      # the run's memory, both chains as a tree
+    ["method=suffix", "method.tree=true", "method.backend=python"],      # our trees, drafting trees
+    ["method=suffix", "method.max_cached_requests=0"],                   # no global tree
+    ["method=pia", "method.reference=true"],                             # SpecTTS-Bench's loop
+    ["method=pia", "method.memory=run"],
 ]
 DEFAULTS = [[f"method={name}", *QUICKER.get(name, [])] for name in known_methods() if name != "vanilla"]
 
 
-COPYING = ("pld", "lookahead", "rest", "sam")  # drafters from the context and corpora: every task's prompt shapes them
+# drafters from the context and corpora: every task's prompt shapes them
+COPYING = ("pld", "lookahead", "rest", "sam", "suffix", "pia")
 
 
 def stateful(name: str) -> bool:

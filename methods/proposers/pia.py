@@ -319,6 +319,7 @@ class Pia(Proposer):
         self.trie = NgramTrie(params.branch_length + 1, set(), cut_prompts=params.reference)
         self.shared = {"last_prompt": None, "family": "qwen3"}  # reference=true: the reset rule's memory
         self.ending = REFERENCE_ENDING if params.reference else None
+        self.owner = True  # the batch's first slot
         self.buffer: list[int] = []  # this slot's answer tokens whose n-grams are not all in the trie
         self.fed = self.prompt_len = 0  # the context's tokens in the trie (or the buffer); the request's prompt's
         self.device = device
@@ -336,6 +337,7 @@ class Pia(Proposer):
         if not self.keeps:
             other.trie = NgramTrie(self.trie.branch, self.trie.stops, self.trie.cut_prompts)
         other.buffer = []
+        other.owner = False  # a shared trie is saved with the first slot's state
         return other
 
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
@@ -399,10 +401,11 @@ class Pia(Proposer):
         return list(range(1, self.size + 1))
 
     def state_dict(self) -> dict:
-        """The trie (the batch's, where it is shared), this slot's buffer and place in its request, and the prompt
-        the reference's reset rule compares with."""
+        """The trie (a shared one with the first slot's), this slot's buffer and place in its request, and the
+        prompt the reference's reset rule compares with."""
         last = self.shared["last_prompt"]
-        return {**{f"pia_{k}": v for k, v in self.trie.state().items()},
+        trie = self.trie.state() if self.owner or not self.keeps else {}
+        return {**{f"pia_{k}": v for k, v in trie.items()},
                 "pia_buffer": torch.tensor(self.buffer, dtype=torch.int64),
                 "pia_fed": self.fed, "pia_prompt_len": self.prompt_len,
                 "pia_last_prompt": torch.tensor(last if last is not None else [-1], dtype=torch.int64)}
@@ -410,8 +413,9 @@ class Pia(Proposer):
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
-        self.trie.load({k.removeprefix("pia_"): state[k] for k in ("pia_trie", "pia_freqs", "pia_grown",
-                                                                   "pia_prompted")})
+        if "pia_trie" in state:
+            self.trie.load({k.removeprefix("pia_"): state[k] for k in ("pia_trie", "pia_freqs", "pia_grown",
+                                                                       "pia_prompted")})
         self.buffer = state["pia_buffer"].tolist()
         self.fed, self.prompt_len = int(state["pia_fed"]), int(state["pia_prompt_len"])
         last = state["pia_last_prompt"].tolist()

@@ -37,6 +37,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from methods.base import Draft, Preparation, Proposer, register
@@ -96,13 +97,15 @@ class SuffixDecoding(Proposer):
         self.last = None  # the last speculation as the library returns it (scripts.suffix_parity compares it)
         self.budget: dict | None = None  # max_spec_tokens=auto: the caps by match length (methods.calibrate)
         self.threshold = 1  # the shortest match that drafts, where auto's caps start
-        self.log: list | None = None  # auto's calibration: (match, drafted, accepted, accepted nodes' places)
+        self.log: list | None = None  # auto's calibration: (match, drafted, accepted[, the accepted nodes' places])
         self._order: list[int] = []  # the last draft's nodes' places in the speculation (its best-first order)
+        self.owner = True  # the batch's first slot: its state_dict holds the cache's log
         self._new_request()
 
     def _new_request(self) -> None:
         self.request: int | None = None  # the cache's id of this slot's request, once started
         self.prompt_len = self.fed = 0  # tokens of the prompt, and of the answer the cache has
+        self.replayed = False  # its cache was replayed mid-request: its own tree lacks the prompt until rebuilt
 
     @classmethod
     def build(cls, params: Params, *, vocab_size: int, device: torch.device) -> "SuffixDecoding":
@@ -111,6 +114,7 @@ class SuffixDecoding(Proposer):
     def fork(self) -> "SuffixDecoding":
         other = super().fork()  # the cache (its global tree) and the statistics are the batch's
         other._new_request()
+        other.owner = False  # the first slot's saved state holds the shared cache
         return other
 
     def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None) -> None:
@@ -123,6 +127,9 @@ class SuffixDecoding(Proposer):
         if self.request is None:
             self.request = self.cache.new_request()
             self.cache.start(self.request, context[: self.prompt_len].tolist())
+        elif self.replayed:
+            self.cache.rebuild(self.request, context[: self.prompt_len + self.fed].tolist())
+            self.replayed = False
         new = context[self.prompt_len + self.fed:].tolist()
         if new:
             self.cache.add(self.request, new)
@@ -179,9 +186,10 @@ class SuffixDecoding(Proposer):
         who = draft.info["drafter"]
         self.stats["steps"][who] += 1
         self.stats["accepted"][who] += len(result.path) - 1
-        if self.log is not None and who in (REQUEST, MEMORY):
-            places = sorted(self._order[i] - 1 for i in result.path[1:])
-            self.log.append((draft.info["match"], draft.tree.size - 1, len(result.path) - 1, places))
+        if self.log is not None and who in (REQUEST, MEMORY):  # the accepted nodes' places where not a chain's
+            places, accepted = sorted(self._order[i] - 1 for i in result.path[1:]), len(result.path) - 1
+            step = (draft.info["match"], draft.tree.size - 1, accepted)
+            self.log.append(step if places == list(range(accepted)) else (*step, places))
 
     def finish(self, answer: list[int]) -> None:
         """The answer's last tokens join the trees, and the request's own tree goes (its answer stays in the
@@ -202,18 +210,22 @@ class SuffixDecoding(Proposer):
         return list(range(1, self.most + 2))
 
     def state_dict(self) -> dict:
-        """The cache's log (it replays into the same cache) and this slot's request."""
-        return {"suffix_log": torch.frombuffer(bytearray(self.cache.log), dtype=torch.int64),
-                "suffix_request": -1 if self.request is None else self.request, "suffix_fed": self.fed}
+        """This slot's request and, the first slot's, the cache's log (it replays into the same cache)."""
+        out = {"suffix_request": -1 if self.request is None else self.request, "suffix_fed": self.fed}
+        if self.owner:
+            out["suffix_log"] = torch.from_numpy(np.array(self.cache.log, dtype=np.int64))
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
-        log = state["suffix_log"].tolist()
-        if self.cache.log.tolist() != log:  # the slots share one cache: the first slot's load rebuilds it
-            self.cache.replay(log)
+        if "suffix_log" in state:
+            log = state["suffix_log"].tolist()
+            if self.cache.log.tolist() != log:  # (a resumed row loads what its run's restore loaded already)
+                self.cache.replay(log)
         self.request = None if state["suffix_request"] < 0 else int(state["suffix_request"])
         self.fed = int(state["suffix_fed"])
+        self.replayed = self.request is not None
 
     def summary(self) -> dict:
         p = self.params
