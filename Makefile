@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 # test that holds our trees to them. Built here (about 20 s) against our own torch: without build isolation, which
 # would pull another torch, with the venv's cmake, ninja and Python.
 arctic:
+	@test -x $(PY) || { echo "make arctic: no $(VENV) yet: run make setup (it builds arctic-inference too)"; exit 2; }
 	PATH="$(abspath $(VENV))/bin:$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" \
 		$(PY) -m pip install --quiet --no-build-isolation arctic-inference==0.3.0
 

@@ -11,7 +11,9 @@ per-token acceptance data published with arXiv 2601.11580, SpecDecode-Bench/simu
 ours or a tokenizer's folder; the prompt is tokenized with the tokenizer's special tokens, the response without);
 ``category`` (else the file's name) and ``id`` where it has them. Where a line carries an engine's recorded
 per-position acceptance (``acc_NAME``: ``acc_len[i]``, the accept length of a step rooted at output token i), its
-MAT is printed beside ours as ``recorded NAME``.
+MAT is printed beside ours as ``recorded NAME``: over the engine's own output, ``len(acc_len)`` tokens, as
+SpecDecode-Bench's simulator reads it (``request.py``'s ``generated_len``); where that output diverged from
+``generated_token_ids`` (the published files' EAGLE runs, in about half their requests), its lengths are its own.
 
 Each ``--method`` (a name, then its overrides; default: every registered method whose drafts depend on the tokens
 alone, ``Proposer.token_only``) is built with its defaults and ``--set`` overrides, and decodes every answer as if the
@@ -141,8 +143,8 @@ def read_traces(path: Path, tokenizer: str | None) -> tuple[list[dict], dict, di
         for key, value in row.items():
             if key.startswith("acc_"):
                 acc = value.get("acc_len") if isinstance(value, dict) else value
-                if isinstance(acc, list) and acc:
-                    recorded.setdefault(key.removeprefix("acc_"), {})[qid] = recorded_steps(acc, len(answer))
+                if isinstance(acc, list) and acc:  # one per token of the engine's own output (below)
+                    recorded.setdefault(key.removeprefix("acc_"), {})[qid] = recorded_steps(acc, len(acc))
     if not records:
         raise HarnessError(f"--traces {path} holds no requests")
     full = {name: steps for name, steps in recorded.items() if len(steps) == len(records)}

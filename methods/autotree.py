@@ -159,7 +159,7 @@ def choose_tree(p: list[list[float]], cost: dict[int, float], k: int, max_depth:
 CHAIN_BUCKETS = (0, 2, 5, 10, 20)  # a chain's cap is chosen per match score: threshold + these start the ranges
 
 
-def choose_chain_caps(chains: list[tuple[int, int, int]], others: int, cost: dict[int, float], threshold: int,
+def choose_chain_caps(chains: list[tuple], others: int, cost: dict[int, float], threshold: int,
                       most: int, other: tuple[float, int] | None = None) -> dict:
     """Caps on a retrieved chain's length, one per range of match scores, that maximise expected tokens per
     millisecond over a calibration's steps.

@@ -160,9 +160,9 @@ def engine_cost(engine, rows: int = 1) -> list[dict]:
     return _COSTS[key][1]
 
 
-# max_draft=auto (methods.proposers.sam): the retrieved chains of SAM alone with the reference's chain length, on
-# own prompts
-# that the embedded model's corpus leaves out (scripts/make_sam_corpus.py), counted per match score.
+# max_draft=auto (methods.proposers.sam) and max_spec_tokens=auto (methods.proposers.suffix): the method's drafts with
+# their longest length (the probe), on own prompts that the embedded model's corpus leaves out
+# (scripts/make_sam_corpus.py), counted per match score.
 CHAIN_PROMPTS = 48
 CHAIN_TOKENS = 128
 
@@ -177,7 +177,7 @@ def chain_calibration(proposer, prep: Preparation) -> dict:
     file = prep.cache / "autotree" / name
     for known in (file, SHIPPED / name):
         if known.is_file():
-            return read_json(known, "a max_draft=auto calibration (delete it to calibrate again)")
+            return read_json(known, f"{proposer.name}'s auto calibration (delete it to calibrate again)")
     print(f"auto: calibrating {proposer.name}'s drafts for {prep.model_name} (once; cached in {file}): "
           f"{CHAIN_PROMPTS} prompts of our own, {CHAIN_TOKENS} tokens each", flush=True)
     probe, started, others = proposer.probe(), time.perf_counter(), 0

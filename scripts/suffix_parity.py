@@ -105,6 +105,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if bool(args.run) == bool(args.traces):
         raise HarnessError("give a run folder of ours or --traces FILE (one of them)")
+    for o in args.set:
+        if o.startswith(("method.tree=", "method.backend=")):
+            raise HarnessError(f"--set {o}: both modes run, each compared (the backend: --backend); leave it out")
+        if o == "method.max_spec_tokens=auto":
+            raise HarnessError("--set method.max_spec_tokens=auto: auto is ours (a cap calibrated on this machine), "
+                               "the library has none; give a number")
     if args.traces:
         records, prompts, _ = read_traces(Path(args.traces), args.tokenizer)
     else:

@@ -57,8 +57,7 @@ def embedded():
     return model, tok, spec
 
 
-@pytest.fixture
-def reuse_embedded(request, monkeypatch):
+def _reuse_embedded(request, monkeypatch) -> None:
     """Runners built in this process (``evaluation.running.runner.Runner``, ``run``) take the session's embedded model
     (``embedded``, loaded when first asked for) instead of loading it again, for every spec that resolves to it:
     the embedded checkpoint in float32 on the CPU. Any other spec loads as before."""
@@ -79,6 +78,20 @@ def reuse_embedded(request, monkeypatch):
         return model, tok, cpu
 
     monkeypatch.setattr(evaluation.running.runner, "load_model", load)
+
+
+@pytest.fixture
+def reuse_embedded(request, monkeypatch):
+    """``_reuse_embedded`` for one test."""
+    _reuse_embedded(request, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def reuse_embedded_in_module(request):
+    """``_reuse_embedded`` for a module's fixtures (runs made once and read by several tests)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _reuse_embedded(request, monkeypatch)
+        yield
 
 
 @pytest.fixture

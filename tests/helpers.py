@@ -1,9 +1,10 @@
-"""Helpers the test files share (the fixtures are in conftest.py): a command line in its own process, the one
+"""Helpers the test files share (the fixtures are in conftest.py): a command line in its own process or in this one, the one
 builder of small random models, greedy decoding by ``generate``, requests decoded in a batch, a shipped model
 config."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -23,6 +24,17 @@ def cli(*args, check: bool = True, env: dict | None = None, timeout: int = 900, 
     if check and p.returncode != 0:
         raise AssertionError(f"{args} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p
+
+
+def run_here(out, *overrides: str):
+    """``python -m evaluation.run hydra.run.dir=OUT OVERRIDES`` in this process, as its entry point runs it (with the
+    ``reuse_embedded`` fixtures: no second process, no second load of the embedded model). Returns ``out``."""
+    from evaluation.running.config import compose_config
+    from evaluation.running.runner import run
+    from methods.common import exit_on_error
+
+    exit_on_error(lambda: run(compose_config(list(overrides)), Path(out)))()
+    return out
 
 
 def tiny_llama(shape: str | None = None, *, seed: int | None = None, **config) -> LlamaForCausalLM:

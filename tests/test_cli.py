@@ -105,7 +105,6 @@ def kill_after(n_answers, args, questions=len(QIDS)):
 
 
 @pytest.mark.slow
-@pytest.mark.long  # the TR kill below answers each question once too, and losslessly
 def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path):
     recs = kill_after(2, run_args(tmp_path / "killed"))
     assert sorted(r["question_id"] for r in recs) == QIDS
@@ -114,6 +113,7 @@ def test_killed_run_resumes_and_answers_each_question_once(vanilla_run, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.long  # TR's state across a stop: tests/test_resume.py; a SIGKILL's cut line: the vanilla kill above
 def test_killed_tr_run_resumes_with_the_same_state(vanilla_run, tmp_path):
     """Hot start across a kill: the matrix is saved with every answer, so accept lengths match an unbroken run (a
     30-node tree: a cheaper step, the same matrix; three questions: one answered before the kill at least, one

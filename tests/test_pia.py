@@ -35,16 +35,21 @@ def test_a_tokens_branches_are_the_n_grams_that_followed_it():
 
 
 def test_the_answers_n_grams_wait_for_their_branch():
-    """An answer's n-gram goes in once the ``branch`` tokens after it exist (the rest at its end, ``final``), and a
-    final add forgets the prompts' frequencies but keeps the answers'."""
+    """An answer's n-gram goes in once the ``branch`` tokens after it exist (the rest at its end, ``final``); a
+    request's prompt leaves with its frequencies alone (another request's, still running, stays), the answers'
+    n-grams stay."""
     trie = NgramTrie(2, set())
     trie.add_prompt([9, 8])
+    trie.add_prompt([9, 8, 7])  # another slot's request
     buffer = trie.add_output([], [5, 6], final=False)
     assert buffer == [5, 6] and 5 not in trie.trees  # 5's branch needs two tokens after it: none yet past 6
     buffer = trie.add_output(buffer, [7], final=False)
     assert buffer == [6, 7] and list(trie.trees[5].kids) == [6]
     assert trie.add_output(buffer, [], final=True) == [] and list(trie.trees[6].kids) == [7]
-    assert trie.trees[9].kids[8].fin == 0.0 and trie.trees[5].kids[6].fout == 1.0
+    trie.remove_prompt([9, 8])
+    assert trie.trees[9].kids[8].fin == 1.0 and trie.trees[5].kids[6].fout == 1.0
+    trie.remove_prompt([9, 8, 7])
+    assert trie.trees[9].kids[8].fin == trie.trees[8].kids[7].fin == 0.0 and trie.trees[6].kids[7].fout == 1.0
 
 
 def test_a_full_draft_keeps_the_frequent_and_accepts_only_along_branches():

@@ -243,17 +243,16 @@ def spec_bench_speed(path, base_path, tokenizer, task):
     return np.mean([a for r in mine for a in r["choices"][0]["accept_lengths"]]), np.mean(speeds) / np.mean(speeds0)
 
 
-@pytest.mark.slow  # two runs through the command line
-def test_our_answer_files_read_as_spec_bench_files(tmp_path, embedded):
+@pytest.mark.slow  # two runs of the embedded model
+def test_our_answer_files_read_as_spec_bench_files(tmp_path, embedded, reuse_embedded):
     """Spec-Bench's speed computation on a real run's answer files gives our "Spec-Bench" columns, per task and
     overall, in the report and in evaluation.speed; our own MAT stays ours (the prefill's token its own step)."""
     from evaluation.reporting.speed_table import speed_table
-    from tests.test_cli import cli, run_args
+    from tests.helpers import run_here
+    from tests.test_cli import run_overrides
 
-    runs = {}
-    for method in ("vanilla", "pld"):
-        runs[method] = tmp_path / method
-        cli(*run_args(runs[method], f"method={method}", "bench.question_ids=[81,161,401]"))
+    runs = {m: run_here(tmp_path / m, *run_overrides(f"method={m}", "bench.question_ids=[81,161,401]"))
+            for m in ("vanilla", "pld")}
     for method, folder in runs.items():
         for line in (folder / "answers.jsonl").read_text().splitlines():
             r = json.loads(line)

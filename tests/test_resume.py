@@ -40,11 +40,10 @@ def steps(records: list[dict]) -> dict:
 
 
 def case(batch: int, overrides: list[str]):
-    """In make test: batch 2 for the methods whose slots share state (TR's hot matrix, SAM+TR's, SuffixDecoding's global
-    tree); the rest (batch 1:
-    tests/test_cli.py's kill and resume too; Lookahead's, whose state lives in its requests, and REST's) in make
-    test-long."""
-    keep = batch == 2 and overrides[0] in ("method=tr", "method=sam_tr", "method=suffix")
+    """In make test: batch 2 for the methods whose slots share state (TR's hot matrix, SuffixDecoding's global tree);
+    the rest (batch 1; SAM+TR's, the same matrix as TR's; Lookahead's, whose state lives in its requests, and REST's)
+    in make test-long."""
+    keep = batch == 2 and overrides[0] in ("method=tr", "method=suffix")
     return pytest.param(batch, overrides, marks=() if keep else pytest.mark.long,
                         id=f"{overrides[0].removeprefix('method=')}-batch{batch}")
 

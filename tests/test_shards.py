@@ -9,20 +9,19 @@ from evaluation.merge import merge
 from evaluation.records.answers import read_answers
 from evaluation.records.bench import shard
 from methods.common import HarnessError
-from tests.helpers import cli
+from tests.helpers import cli, run_here
 from tests.test_cli import QIDS
 
 pytestmark = pytest.mark.xdist_group("test_shards")  # on one worker (make test), so that runs is made once
 
 
 def run(out, *extra):
-    cli("evaluation.run", f"hydra.run.dir={out}", "warmup=1", "runtime.progress=false", "method=tr",
-        "method.tree=grown-n30-d6", f"bench.question_ids=[{','.join(map(str, QIDS))}]", "bench.max_new_tokens=12", *extra)
-    return out
+    return run_here(out, "warmup=1", "runtime.progress=false", "method=tr", "method.tree=grown-n30-d6",
+                    f"bench.question_ids=[{','.join(map(str, QIDS))}]", "bench.max_new_tokens=12", *extra)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, reuse_embedded_in_module):
     root = tmp_path_factory.mktemp("shards")
     single = run(root / "single")
     shards = [run(root / f"shard{i}", f"runtime.shard={i}", "runtime.num_shards=2") for i in range(2)]
@@ -54,6 +53,7 @@ def test_merged_shards_equal_the_single_run(runs, tmp_path):
     from evaluation.reporting.collect import collect, machine
 
     assert machine(collect([str(merged)])[0]) is not None
+    assert collect([str(merged)])[0].state["memory"] == "run"  # TR's hot start, from its shards' states
     # the first shard is the single run's beginning exactly (same warm-up, same order)
     for x, y in zip(a[:3], b[:3]):
         assert x["choices"][0]["accept_lengths"] == y["choices"][0]["accept_lengths"]

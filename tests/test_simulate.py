@@ -18,11 +18,12 @@ def write(path, rows):
 
 def rows():
     """Three requests whose answers repeat each other (the second and third the first's): an engine recorded
-    ``acc_ngram`` for them, 3 tokens from output token 1, else 1."""
-    acc = {"acc_len": [1, 3] + [1] * 20}
-    return [{"id": "a", "prompt_token_ids": [1, 2, 3], "generated_token_ids": A, "acc_ngram": acc},
-            {"id": "b", "prompt_token_ids": [1, 2], "generated_token_ids": A, "acc_ngram": acc, "category": "rag"},
-            {"id": "c", "prompt_token_ids": [3], "generated_token_ids": A + [4, 5, 6], "acc_ngram": acc,
+    ``acc_ngram`` for them, 3 tokens from output token 1, else 1, one per token of its own output, which for the third
+    was 12 tokens, not 13 (it diverged, as the published EAGLE runs' outputs often do)."""
+    acc = lambda n: {"acc_len": [1, 3] + [1] * (n - 2)}  # noqa: E731
+    return [{"id": "a", "prompt_token_ids": [1, 2, 3], "generated_token_ids": A, "acc_ngram": acc(10)},
+            {"id": "b", "prompt_token_ids": [1, 2], "generated_token_ids": A, "acc_ngram": acc(10), "category": "rag"},
+            {"id": "c", "prompt_token_ids": [3], "generated_token_ids": A + [4, 5, 6], "acc_ngram": acc(12),
              "category": "rag"}]
 
 
@@ -37,8 +38,8 @@ def test_a_trace_file_is_replayed_by_each_drafter_with_its_memory(tmp_path, caps
           "--method", "suffix", "--method", "suffix method.max_cached_requests=0", "--method", "suffix method.tree=true"])
     mat = overall(out)
     # the engine's steps: the prefill's token, then 3 tokens from token 1, then one at a time: 10 tokens in 8 steps,
-    # 10 in 8, 13 in 11
-    assert mat["recorded ngram"] == pytest.approx(33 / 27)
+    # 10 in 8, and its own 12 in 10
+    assert mat["recorded ngram"] == pytest.approx(32 / 26)
     # the global tree holds the first answer when the second and third come: they are drafted far beyond what their
     # own prompts (no repeats) give
     assert mat["suffix"] > 1.5 * mat["suffix method.max_cached_requests=0"]

@@ -259,3 +259,15 @@ def _bfs_probs(raw):
 
     _, order = Tree.breadth_first([-1] + [p + 1 for p in raw.parents])
     return [raw.probs[i - 1] for i in order[1:]]
+
+
+@pytest.mark.parametrize("setting, says", [("method.tree=true", "both modes run"),
+                                           ("method.max_spec_tokens=auto", "the library has none")])
+def test_parity_refuses_what_it_cannot_compare(tmp_path, capsys, setting, says):
+    from scripts.suffix_parity import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"prompt_token_ids": [1, 2], "generated_token_ids": [3, 4]}\n')
+    with pytest.raises(SystemExit) as e:
+        main(["--traces", str(trace), "--set", setting])
+    assert e.value.code == 2 and says in capsys.readouterr().err

@@ -37,7 +37,13 @@ class Run:
 
     @property
     def state(self) -> dict:
-        return self.summary.get("method_state", {})
+        """The method's state at the end (``summary.json``'s ``method_state``); a merged run's (``evaluation.merge``)
+        is its first shard's, less the count of answers its memory held (each shard remembered only its own)."""
+        if "method_state" in self.summary or not self.summary.get("shards"):
+            return self.summary.get("method_state", {})
+        state = dict(self.summary["shards"][0].get("method_state") or {})
+        state.pop("memory_answers", None)
+        return state
 
 
 @dataclass

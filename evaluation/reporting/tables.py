@@ -219,7 +219,7 @@ def crossovers(long: pd.DataFrame) -> dict[tuple[str, str], tuple[float | None, 
 def main_rows(table: pd.DataFrame, pm: str = " ± ") -> Rows:
     """The main table as text, shared by its markdown, LaTeX and HTML forms so that all show the same numbers."""
     shown = main_columns(table)
-    memory = "memory" in table and (table["memory"] != "").any() and (table["memory"] != "none").any()
+    memory = "memory" in table and (~table["memory"].isin(["", "none"])).any()  # where some row remembered
     header = ["Model", "Method"] + (["Memory"] if memory else []) + [c.label for c in shown]
     body = [[str(r["model"]), str(r["method"]) + (" †" if r.get("disturbed") is True else "")]
             + ([r["memory"] or "-"] if memory else [])

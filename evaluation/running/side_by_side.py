@@ -104,10 +104,14 @@ def decode(bench: Bench, progress: bool = True) -> None:
     """4. Every question by every method, chunk by chunk (``bench.chunk`` questions: one at batch size 1), the
     order of the methods rotating from one chunk to the next so that a busy machine slows all alike; each chunk is
     its method's own clock segment, so that its throughput counts its own decoding alone (and the chunks pair the
-    methods' throughputs: ``evaluation.records.metrics.load_interval``)."""
+    methods' throughputs: ``evaluation.records.metrics.load_interval``). The phase timers start afresh: each call's
+    records and phases are its own (``scripts.bench_methods --passes``)."""
     from tqdm import tqdm
 
     bench.records = {label: [] for label in bench.runners}
+    for r in bench.runners.values():
+        if isinstance(getattr(r, "timer", None), PhaseTimer):
+            r.timer.calls.clear()
     order = list(bench.runners)
     chunk = bench.chunk
     with tqdm(total=len(bench.questions), desc="questions", unit="q", disable=not progress) as bar:

@@ -8,10 +8,11 @@ of the root itself, and drafts its branches depth first, children by frequency (
 up to ``decoding_length`` tokens with the root, at most ``branch_length`` deep; where the matched branches hold more
 than that, the ``decoding_length / 2`` most frequent output nodes and then the most frequent others are kept. A
 node whose children were all left out of a full draft ends no branch: it is forwarded, never accepted. The prompt
-(all but its last token, which roots the first step) joins the trie when a request starts, each answer's tokens as
-they are committed, an n-gram once the ``branch_length`` tokens after it exist (the rest when the answer ends).
-``memory=run`` keeps the answers' n-grams from request to request (their prompts' are forgotten: the server's
-cache of PIA, with its decay of old branches), ``memory=request`` (default) a trie per request.
+(all but its last token, which roots the first step) joins the trie at the request's first draft, each answer's
+tokens as they are committed, an n-gram once the ``branch_length`` tokens after it exist (the rest when the answer
+ends). ``memory=run`` keeps the answers' n-grams from request to request (a request's prompt's frequencies leave
+when it ends, the other requests' staying: the server's cache of PIA, with its decay of old branches),
+``memory=request`` (default) a trie per request.
 
 This follows SpecTTS-Bench's PIA (sunshy-1/SpecTTS-Bench at 6b33e4a: ``code/model/pia/lookahead_cache.py``, Ant
 Group's ``LookaheadCache``, and ``code/evaluation/inference_pia.py``'s ``pia_forward``) with its defaults
@@ -90,13 +91,15 @@ class _Branches:
                 node.fin += 1.0
             kids = node.kids
 
-    def forget_inputs(self) -> None:
-        stack = [self.kids]
-        while stack:
-            for node in stack.pop().values():
-                if node.fin != 0.0:
-                    node.fin = 0.0
-                    stack.append(node.kids)
+    def remove_input(self, tokens: list[int]) -> None:
+        """``add(tokens, False)`` undone, as far as its nodes are left (a squeeze may have dropped some)."""
+        kids = self.kids
+        for t in tokens:
+            node = kids.get(t)
+            if node is None:
+                return
+            node.fin -= 1.0
+            kids = node.kids
 
     def squeeze(self) -> None:
         """Past its bounds, halve every output frequency and drop the nodes seen at most once in answers."""
@@ -196,7 +199,6 @@ class NgramTrie:
     def clear(self) -> None:
         self.trees: dict[int, _Branches] = {}
         self.grown: set[int] = set()  # tries grown since the last squeeze (by their token)
-        self.prompted: set[int] = set()  # tries that took a prompt's n-grams
 
     def _cut(self, tokens: list[int]) -> list[int]:
         """Up to the first stop token (the reference's eos), left out."""
@@ -214,8 +216,6 @@ class NgramTrie:
         else:
             self.grown.add(token)
         tree.add(after, output)
-        if not output:
-            self.prompted.add(token)
 
     def state(self) -> dict:
         """The trie as tensors (every token's branches depth first, children in the order they came, which breaks the
@@ -234,8 +234,7 @@ class NgramTrie:
                 floats += [node.fin, node.fout]
                 stack.append(iter(node.kids.items()))
         return {"trie": torch.tensor(ints, dtype=torch.int64), "freqs": torch.tensor(floats, dtype=torch.float64),
-                "grown": torch.tensor(sorted(self.grown), dtype=torch.int64),
-                "prompted": torch.tensor(sorted(self.prompted), dtype=torch.int64)}
+                "grown": torch.tensor(sorted(self.grown), dtype=torch.int64)}
 
     def load(self, state: dict) -> None:
         self.clear()
@@ -252,16 +251,25 @@ class NgramTrie:
             tree = self.trees[token] = _Branches()
             n, tree.nodes, tree.output_nodes = next(ints), next(ints), next(ints)
             fill(tree.kids, n)
-        self.grown, self.prompted = set(state["grown"].tolist()), set(state["prompted"].tolist())
+        self.grown = set(state["grown"].tolist())
 
     def add_prompt(self, tokens: list[int]) -> None:
         tokens = self._cut(tokens) if self.cut_prompts else tokens
         for i in range(len(tokens) - 1):
             self._add(tokens[i], tokens[i + 1: i + 1 + self.branch], False)
 
+    def remove_prompt(self, tokens: list[int]) -> None:
+        """``add_prompt(tokens)`` undone: its input frequencies, not the nodes (the server cache's reset of one
+        request's inputs; the other requests' prompts stay)."""
+        tokens = self._cut(tokens) if self.cut_prompts else tokens
+        for i in range(len(tokens) - 1):
+            tree = self.trees.get(tokens[i])
+            if tree is not None:
+                tree.remove_input(tokens[i + 1: i + 1 + self.branch])
+
     def add_output(self, buffer: list[int], tokens: list[int], final: bool) -> list[int]:
         """Answer tokens into ``buffer`` (a slot's tokens whose n-grams are not all in yet), the n-grams that now have
-        all their tokens added; ``final``: the rest too, and the prompts' frequencies forgotten. The buffer left."""
+        all their tokens added; ``final``: the rest too, and the tries past their bounds squeezed. The buffer left."""
         buffer = buffer + self._cut(tokens)
         least = 1 if final else self.branch
         if len(buffer) > least:
@@ -270,9 +278,6 @@ class NgramTrie:
             buffer = buffer[len(buffer) - self.branch:] if not final else buffer
         if final:
             buffer = []
-            for t in self.prompted:
-                self.trees[t].forget_inputs()
-            self.prompted.clear()
             if len(self.grown) >= SQUEEZE_AFTER:
                 for t in self.grown:
                     self.trees[t].squeeze()
@@ -303,8 +308,8 @@ class Pia(Proposer):
     @dataclass
     class Params:  # SpecTTS-Bench's (code/evaluation/inference_pia.py)
         decoding_length: int = param(64, "most tokens a draft tree holds, the root included", low=2, high=1024)
-        branch_length: int = param(12, "deepest branch (tokens after the root); n-grams of branch_length + 1 tokens "
-                                   "are stored", low=1, high=256)
+        branch_length: int = param(12, "deepest branch (tokens after the root); the trie keeps the branch_length + 1 "
+                                   "tokens after every token", low=1, high=256)
         memory: str = param("request", "request: a trie per request (its prompt and answer so far); run: answers' "
                             "n-grams stay from request to request (the warm-up's left out)",
                             choices=("request", "run"))
@@ -322,6 +327,8 @@ class Pia(Proposer):
         self.owner = True  # the batch's first slot
         self.buffer: list[int] = []  # this slot's answer tokens whose n-grams are not all in the trie
         self.fed = self.prompt_len = 0  # the context's tokens in the trie (or the buffer); the request's prompt's
+        self.prompt: list[int] = []  # the request's prompt (but its last token), in the trie from its first draft on
+        self.pending = False  # reset, its prompt not yet in the trie (a resumed slot's state says whether it is)
         self.device = device
 
     @classmethod
@@ -352,11 +359,14 @@ class Pia(Proposer):
         elif not self.keeps:
             self.trie.clear()
             self.buffer = []
-        self.trie.add_prompt(prompt)
+        self.prompt, self.pending = prompt, True  # it joins at the first draft: a resumed slot's state says if it did
         self.fed = len(prompt)  # the tokens of the context whose n-grams are in (or in the buffer)
         self.prompt_len = len(prompt) + 1  # the whole prompt: its last token roots the first step
 
     def propose(self, context: torch.Tensor) -> Draft:
+        if self.pending:
+            self.trie.add_prompt(self.prompt)
+            self.pending = False
         if not self.reference:  # the committed tokens, the root included, join the answer's n-grams
             self.buffer = self.trie.add_output(self.buffer, context[self.fed:].tolist(), final=False)
             self.fed = len(context)
@@ -386,11 +396,14 @@ class Pia(Proposer):
         self.update(draft, result)
 
     def finish(self, answer: list[int]) -> None:
-        """The answer's tokens not yet in (its last step's) and its last n-grams join the trie where it outlives
-        the request (the reference adds neither)."""
+        """Where the trie outlives the request (the reference adds neither): its prompt's frequencies leave (the other
+        slots' stay), and the answer's tokens not yet in (its last step's) and its last n-grams join."""
         if not self.reference and self.keeps:
+            if not self.pending:
+                self.trie.remove_prompt(self.prompt)
             done = self.fed - self.prompt_len  # answer tokens already in: the context past the whole prompt
             self.buffer = self.trie.add_output(self.buffer, answer[max(done, 0):], final=True)
+        self.pending = False
 
     def after_warmup(self) -> None:
         if not self.reference:
@@ -407,6 +420,7 @@ class Pia(Proposer):
         trie = self.trie.state() if self.owner or not self.keeps else {}
         return {**{f"pia_{k}": v for k, v in trie.items()},
                 "pia_buffer": torch.tensor(self.buffer, dtype=torch.int64),
+                "pia_prompt": torch.tensor(self.prompt, dtype=torch.int64), "pia_pending": self.pending,
                 "pia_fed": self.fed, "pia_prompt_len": self.prompt_len,
                 "pia_last_prompt": torch.tensor(last if last is not None else [-1], dtype=torch.int64)}
 
@@ -414,9 +428,9 @@ class Pia(Proposer):
         if not state:
             return
         if "pia_trie" in state:
-            self.trie.load({k.removeprefix("pia_"): state[k] for k in ("pia_trie", "pia_freqs", "pia_grown",
-                                                                       "pia_prompted")})
-        self.buffer = state["pia_buffer"].tolist()
+            self.trie.load({k.removeprefix("pia_"): state[k] for k in ("pia_trie", "pia_freqs", "pia_grown")})
+        self.buffer, self.prompt = state["pia_buffer"].tolist(), state["pia_prompt"].tolist()
+        self.pending = bool(state["pia_pending"])
         self.fed, self.prompt_len = int(state["pia_fed"]), int(state["pia_prompt_len"])
         last = state["pia_last_prompt"].tolist()
         self.shared["last_prompt"] = None if last == [-1] else last

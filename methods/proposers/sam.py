@@ -1,7 +1,8 @@
 """SAM-Decoding (Hu et al., arXiv 2411.10666, ACL 2025): drafts found by suffix automata, alone or with a tree drafter.
 
 Every step looks for the longest suffix of the committed sequence (its newest token, the root,
-included) that occurred before, in two suffix automata (``methods.automata``):
+included) that occurred before, in two suffix automata (``methods.automata``), three with ``memory=run``
+(the run's earlier answers: below):
 
 * the **dynamic** one over the request's prompt and output so far, all but the root (rebuilt for
   every request; a second turn's prompt holds the first turn);
@@ -68,8 +69,10 @@ New here: ``merge=true`` (hybrids) verifies the chain and the tree drafter's tre
 chain grafted onto the tree where they share a prefix (``methods.tree.graft``), so that no step has
 to choose; ``max_draft=auto`` caps the chain, by match score, where the tokens it is expected to
 get accepted stop paying for its rows on this device (``methods.calibrate.chain_budget``; ``sam``'s
-static tree takes the same cap). Every step's drafter and best match score go to the answer file
-(``step_info``).
+static tree takes the same cap). ``memory=run`` adds a third automaton, over the run's earlier answers
+(``Memory``: each answer joining it once it ends), matched as the
+dynamic one is; ``memory_tree=true`` drafts the chains of both the request's text and the memory, grafted
+into one tree. Every step's drafter and best match score go to the answer file (``step_info``).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Every step matches the end of the committed sequence (its newest token, the root
   oldest leaving first; 0: none) and the running answers, token by token as they are committed: the memory
   across requests that makes the method shine where requests repeat each other.
 
-A draft follows every match length up to the tree depth: a match of m tokens allows ``min(max_spec_tokens,
+A draft follows every match length from 1 to ``max_depth`` - 1 tokens: a match of m tokens allows ``min(max_spec_tokens,
 floor(m * max_spec_factor + max_spec_offset))`` tokens, each as likely as the share of the match's occurrences it
 continues (the product along its path), none under ``min_token_prob``; a draft scores the sum of its tokens'
 probabilities. ``tree=false`` drafts a chain of the most frequent continuation (what vLLM verifies);
@@ -27,7 +27,7 @@ are the library's, token for token (``tests/test_suffix.py``), from our own tree
 library's (``backend=arctic``, after ``make arctic``).
 
 Where the run's memory differs from a server's: the requests are the run's turns, in the run's order; an answer
-joins the global tree whole once it ends (``Proposer.finish``: the last step's tokens too); the warm-up's answers
+joins the global tree token by token, its last step's tokens when it ends (``Proposer.finish``); the warm-up's answers
 leave it before the timed questions unless ``warmup_memory=true``; a resumed run rebuilds it by replaying every
 change (``SuffixCache.replay``), so that it drafts what the unbroken run drafts.
 """
@@ -165,9 +165,9 @@ class SuffixDecoding(Proposer):
     def chain_settings(self) -> tuple[str, dict]:
         """What auto's calibration depends on: its cache file's name part, the settings it records."""
         p = self.params
-        key = (f"suffix-{'tree' if p.tree else 'chain'}-d{p.max_depth}-c{p.max_cached_requests}-f{p.max_spec_factor:g}"
-               f"-o{p.max_spec_offset:g}-p{p.min_token_prob:g}")
-        return key, {"max_draft": self.most, "tree": p.tree, "max_depth": p.max_depth,
+        part = (f"suffix-{'tree' if p.tree else 'chain'}-d{p.max_depth}-c{p.max_cached_requests}"
+                f"-f{p.max_spec_factor:g}-o{p.max_spec_offset:g}-p{p.min_token_prob:g}")
+        return part, {"max_draft": self.most, "tree": p.tree, "max_depth": p.max_depth,
                      "max_cached_requests": p.max_cached_requests, "max_spec_factor": p.max_spec_factor,
                      "max_spec_offset": p.max_spec_offset, "min_token_prob": p.min_token_prob}
 
