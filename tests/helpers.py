@@ -1,6 +1,6 @@
-"""Helpers the test files share (the fixtures are in conftest.py): a command line in its own process or in this one, the one
-builder of small random models, greedy decoding by ``generate``, requests decoded in a batch, a shipped model
-config."""
+"""Helpers the test files share (the fixtures are in conftest.py): a command line in its own process or a run in
+this one, the one builder of small random models, greedy decoding by ``generate``, requests decoded in a batch, a
+shipped model config."""
 import os
 import subprocess
 import sys

@@ -78,6 +78,7 @@ def throwaway(tmp_path_factory):
 
 
 @pytest.mark.slow  # subprocesses; one decodes the embedded model
+@pytest.mark.long  # the registry as the tests' list: the GPU check's case below, on its subprocess, in make test
 def test_a_new_method_is_run_by_the_lossless_and_sampling_tests(throwaway):
     folder, env = throwaway
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "throwaway_plugin", "-p", "no:cacheprovider",
