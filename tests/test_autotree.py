@@ -102,6 +102,7 @@ def test_tr_keeps_the_chosen_tree_in_its_state():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the choice and its cost: the tests above; the shipped calibration: the test below
 def test_auto_run_on_the_embedded_model(tmp_path, monkeypatch, capsys, reuse_embedded):
     """Calibrated on our own prompts (cached), costed on this engine, saved as tree.json, and lossless; the
     calibration says so when it starts and, with no terminal, logs a line per tree."""

@@ -165,6 +165,7 @@ def test_vicuna_with_spec_benchs_68m_drafter_runs_end_to_end(hub_cache, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.long  # their published layouts: tests/test_medusa.py, test_hydra.py; the hub path: the cases above
 @pytest.mark.parametrize("method, repo", [("medusa", "FasterDecoding/medusa-vicuna-7b-v1.3"),
                                           ("hydra", "ankner/hydra-vicuna-7b-v1.3")])
 def test_vicuna_with_its_published_draft_heads_runs_end_to_end(hub_cache, tmp_path, method, repo, run_error):

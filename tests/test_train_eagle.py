@@ -27,6 +27,7 @@ def test_training_prompts_hold_no_spec_bench_question():
 
 
 @pytest.mark.slow  # trains through the command line
+@pytest.mark.long  # heads are trained offline (scripts/train_*.py); their published layouts: tests/test_eagle.py
 def test_a_short_training_run_writes_a_loadable_head(tmp_path, embedded):
     model, tok, spec = embedded
     out = tmp_path / "head"
