@@ -64,8 +64,8 @@ def test_vanilla_is_generate_on_both_engines(gemma, vanilla):
     assert answers(gemma, "method=vanilla", "engine=hf") == vanilla
 
 
-KEEP = ()  # in make test (vanilla on both engines above); the others in make test-long (every method on a tiny Gemma 3 of
-#   this architecture, both engines: tests/test_architectures.py)
+KEEP = ()  # in make test: vanilla on both engines (above); every method in make test-long (a tiny Gemma 3 of this
+#   architecture runs the methods on both engines: tests/test_architectures.py)
 
 
 @pytest.mark.parametrize("method", [m if m in KEEP else pytest.param(m, marks=pytest.mark.long) for m in METHODS],

@@ -64,6 +64,19 @@ class _Node:
         return (1.0 - OUTPUT_WEIGHT) * self.fin + OUTPUT_WEIGHT * self.fout
 
 
+def _depth_first(kids: dict, keep=None):
+    """(token, node) of every node below ``kids``, depth first, children in the order they came; a node that ``keep``
+    refuses is left out with all below it."""
+    stack = [iter(kids.items())]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif keep is None or keep(item[1]):
+            yield item
+            stack.append(iter(item[1].kids.items()))
+
+
 class _Branches:
     """The branches that followed one token."""
 
@@ -133,18 +146,9 @@ class _Branches:
                 break
         if not kids:
             return None
-        seen = []  # (token, fin, fout, weight) of every node below, depth first
-        stack = [iter(kids.items())]
-        while stack:
-            item = next(stack[-1], None)
-            if item is None:
-                stack.pop()
-                continue
-            t, node = item
-            if node.fout > 0 or node.fin > 0:
-                seen.append((t, node.fin, node.fout, node.weight()))
-                if node.kids:
-                    stack.append(iter(node.kids.items()))
+        # (token, fin, fout, weight) of every node below, depth first (one never seen, its inputs forgotten: left out)
+        seen = [(t, node.fin, node.fout, node.weight())
+                for t, node in _depth_first(kids, lambda node: node.fout > 0 or node.fin > 0)]
         floor_out = floor_mix = 1e9  # more nodes than fit: the outputs and weights a kept node must reach
         if len(seen) > size:
             by_out = sorted(seen, key=lambda x: x[2], reverse=True)
@@ -223,16 +227,9 @@ class NgramTrie:
         ints, floats = [], []
         for token, tree in self.trees.items():
             ints += [token, len(tree.kids), tree.nodes, tree.output_nodes]
-            stack = [iter(tree.kids.items())]
-            while stack:
-                item = next(stack[-1], None)
-                if item is None:
-                    stack.pop()
-                    continue
-                t, node = item
+            for t, node in _depth_first(tree.kids):
                 ints += [t, len(node.kids)]
                 floats += [node.fin, node.fout]
-                stack.append(iter(node.kids.items()))
         return {"trie": torch.tensor(ints, dtype=torch.int64), "freqs": torch.tensor(floats, dtype=torch.float64),
                 "grown": torch.tensor(sorted(self.grown), dtype=torch.int64)}
 
