@@ -250,19 +250,21 @@ class NgramTrie:
             fill(tree.kids, n)
         self.grown = set(state["grown"].tolist())
 
-    def add_prompt(self, tokens: list[int]) -> None:
+    def _prompt_branches(self, tokens: list[int]):
+        """(token, the branch after it) of every token of a prompt but its last."""
         tokens = self._cut(tokens) if self.cut_prompts else tokens
-        for i in range(len(tokens) - 1):
-            self._add(tokens[i], tokens[i + 1: i + 1 + self.branch], False)
+        return ((tokens[i], tokens[i + 1: i + 1 + self.branch]) for i in range(len(tokens) - 1))
+
+    def add_prompt(self, tokens: list[int]) -> None:
+        for token, after in self._prompt_branches(tokens):
+            self._add(token, after, False)
 
     def remove_prompt(self, tokens: list[int]) -> None:
         """``add_prompt(tokens)`` undone: its input frequencies, not the nodes (the server cache's reset of one
         request's inputs; the other requests' prompts stay)."""
-        tokens = self._cut(tokens) if self.cut_prompts else tokens
-        for i in range(len(tokens) - 1):
-            tree = self.trees.get(tokens[i])
-            if tree is not None:
-                tree.remove_input(tokens[i + 1: i + 1 + self.branch])
+        for token, after in self._prompt_branches(tokens):
+            if token in self.trees:
+                self.trees[token].remove_input(after)
 
     def add_output(self, buffer: list[int], tokens: list[int], final: bool) -> list[int]:
         """Answer tokens into ``buffer`` (a slot's tokens whose n-grams are not all in yet), the n-grams that now have
