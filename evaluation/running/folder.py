@@ -45,7 +45,7 @@ def summary(runner, cfg: DictConfig, status: str, questions: int, method: str | 
     engine and the method's state."""
     return {"status": status, "model": runner.spec.name, "method": method or runner.method, "bench": cfg.bench.name,
             "questions": questions, **more, "config": OmegaConf.to_container(cfg, resolve=True),
-            "environment": environment(runner.device, next(runner.model.parameters()).dtype),
+            "environment": environment(runner.device, runner.dtype),
             "engine": runner.engine.summary(), "method_state": runner.method_state(),
             **({"budget": runner.budget.summary()} if runner.budget.active else {})}
 

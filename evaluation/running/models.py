@@ -277,8 +277,13 @@ def load_tokenizer(spec: ModelSpec):
 
 
 def stop_token_ids(model, tok) -> set[int]:
+    return stop_token_ids_of(model.generation_config, tok)
+
+
+def stop_token_ids_of(generation_config, tok) -> set[int]:
+    """The tokens that end a turn: the tokenizer's end of sequence and the generation config's."""
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    eos = model.generation_config.eos_token_id
+    eos = generation_config.eos_token_id
     ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return ids
 

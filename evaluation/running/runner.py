@@ -171,6 +171,13 @@ class Runner:
         self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.records.metrics)
         self.clock0 = time.perf_counter()
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def close(self) -> None:
+        """Release what the runner holds outside this process (``evaluation.running.vllm``'s worker)."""
+
     def method_state(self) -> dict:
         """The method's state for the run summary: what it remembers across requests (``Proposer.memory``), then its
         own summary."""
@@ -344,6 +351,10 @@ class Runner:
             conv[slot] = {"q": unit[0], "choice": unit[1], "answers": [], "turns": [], "loads": [], "start": start}
             return turn_request(slot)
 
+        self._decode(slots, feed, rows)
+
+    def _decode(self, slots: list, feed, rows: list) -> None:
+        """Every slot's requests, as ``feed`` hands them, decoded by our loop (``methods.decode.decode_batch``)."""
         decode_batch(self.engine, slots, feed, stop_ids=self.stop_ids, timer=self.timer,
                      prefill_chunk=self.prefill_chunk, rows=rows, budget=self.budget)
 
@@ -410,15 +421,16 @@ class Runner:
         }
 
 
-def run(cfg: DictConfig, out: Path) -> Path:
+def run(cfg: DictConfig, out: Path, make: Callable[..., Runner] = Runner) -> Path:
     """Decode the selection into ``out``, resuming what is there; ``out`` is held for this process alone, and
-    left as it was found (nothing, if it was new) when the run fails before its first answer."""
+    left as it was found (nothing, if it was new) when the run fails before its first answer. ``make(cfg, spec=)``
+    builds the runner (``evaluation.running.vllm.make_runner``: vLLM's for engine=vllm)."""
     with folder_lock(out, fix="wait for it to finish (rerun the same command then to resume), or choose "
                               "another folder with hydra.run.dir=DIR"):
-        return _run(cfg, out)
+        return _run(cfg, out, make)
 
 
-def _run(cfg: DictConfig, out: Path) -> Path:
+def _run(cfg: DictConfig, out: Path, make: Callable[..., Runner]) -> Path:
     int_setting(cfg.warmup, "warmup", 0)
     int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
     selected = folder.selection(cfg)
@@ -451,7 +463,15 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     spec, claim = model_spec(cfg), None
     if cfg.runtime.get("exclusive_device", False):  # parallel local jobs: one device each (conf/cluster/)
         spec, claim = claim_device(spec)
-    runner = Runner(cfg, spec=spec)
+    runner = make(cfg, spec=spec)
+    try:
+        return _decode_run(cfg, runner, out, writer, selected, questions, claim)
+    finally:
+        runner.close()
+
+
+def _decode_run(cfg: DictConfig, runner: Runner, out: Path, writer: AnswerWriter, selected: list[Question],
+                questions: list[Question], claim) -> Path:
     compiled = runner.engine.summary().get("compiled")
     if compiled:
         print(f"compiled {len(compiled['graphs'])} step graph(s) (sizes {compiled['graphs']}) in "
@@ -459,7 +479,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     prompt = describe(runner.spec)
     print(f"prompt format: {prompt['template']}; system prompt: {shorten(prompt['system_prompt'], 50)}; "
           f"suffix {prompt['suffix']!r}; from {prompt['source']}")
-    dtype = next(runner.model.parameters()).dtype
+    dtype = runner.dtype
     todo = [q for q in questions if q.question_id not in writer.done]
     warm = [selected[0]] if todo and cfg.warmup and selected[0] not in todo else []
     for warning in [*start_warnings(runner, dtype), *ungraded(cfg, questions), *prompt_room(runner, warm + todo)]:

@@ -23,6 +23,7 @@ from evaluation.running.explain import explain
 from evaluation.running.models import load_model
 from evaluation.running.prompts import prompt_ids
 from evaluation.running.runner import Runner
+from evaluation.running.vllm import make_runner
 from methods import machine
 from methods.base import check_method
 from methods.common import HarnessError, write_jsonl_atomic
@@ -85,9 +86,12 @@ def load(bench: Bench) -> None:
     for label, cfg in bench.cfgs.items():
         first = label == GENERATE  # generate: with the first method's model, checked against it
         key = repr(model_spec(bench.cfgs[bench.labels[0]] if first else cfg))
-        if key not in models:
-            models[key] = load_model(model_spec(cfg))
-        bench.runners[label] = (GenerateRunner if first else Runner)(cfg, models[key])
+        if cfg.engine.name == "vllm":  # vLLM's worker loads its own weights
+            bench.runners[label] = make_runner(cfg)
+        else:
+            if key not in models:
+                models[key] = load_model(model_spec(cfg))
+            bench.runners[label] = (GenerateRunner if first else Runner)(cfg, models[key])
         group = (key, sampling_key(bench.cfgs[bench.labels[0]] if first else cfg))
         bench.groups.setdefault(group, []).append(label)
 

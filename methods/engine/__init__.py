@@ -64,7 +64,7 @@ from methods.engine.static import COMPILE_MODES, INDUCTOR_CACHE, StaticEngine
 from methods.engine.tuning import choose_pack, choose_threads, time_variants
 from methods.params import AUTO, param, parse
 
-__all__ = ["ENGINE_PARAMS", "Engine", "HFEngine", "StaticEngine", "build_engine", "choose_pack", "choose_threads",
+__all__ = ["ENGINE_PARAMS", "Engine", "HFEngine", "StaticEngine", "VllmParams", "build_engine", "choose_pack", "choose_threads",
            "sdpa_backend", "time_variants"]
 
 
@@ -92,7 +92,28 @@ class StaticParams:
     threads: int | str = _threads()
 
 
-ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams}  # engine=NAME: the declarations (methods.params)
+@dataclass
+class VllmParams:
+    """engine=vllm: vLLM decodes the whole turn (evaluation.running.vllm runs it; it is no ``Engine`` of ours)."""
+
+    drafter: str = param(AUTO, "whose drafts: auto (vLLM's own for pld and suffix, else ours), vllm (its ngram or "
+                         "suffix), ours (our proposer through vLLM's custom_class)", choices=(AUTO, "vllm", "ours"))
+    eager: bool = param(True, "enforce_eager: no torch.compile (on a 2-core CPU it started in about 30 s against "
+                        "80-115 s compiled, with the same tokens)", choices=(True, False))
+    prefix_caching: bool = param(False, "vLLM's prefix cache across requests (off: every prompt is prefilled whole, "
+                                 "as our engines do, so that the two engines' steps compare)", choices=(True, False))
+    kv_cache_gib: int = param(2, "VLLM_CPU_KVCACHE_SPACE: GiB for vLLM's KV cache on the CPU (its default takes "
+                              "most of the RAM and fails)", low=1, high=1024)
+    reserved_cpus: int = param(0, "VLLM_CPU_NUM_OF_RESERVED_CPU: cores kept for vLLM's scheduler process (0: its "
+                               "worker computes on every core, as our engines do; vLLM's default keeps one)",
+                               low=0, high=1024)
+    tensor_parallel: int = param(1, "tensor_parallel_size: GPUs one model is split over (a model larger than one GPU)",
+                                 low=1, high=64)
+    python: str = param(AUTO, "the Python that has vLLM: auto (this one where it imports vllm, else "
+                        ".venv-vllm/bin/python, which make vllm installs)")
+
+
+ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams, "vllm": VllmParams}  # engine=NAME: the declarations (methods.params)
 
 
 def build_engine(model, params: dict) -> Engine:
@@ -101,6 +122,9 @@ def build_engine(model, params: dict) -> Engine:
     name = params.pop("name", None)
     if name not in ENGINE_PARAMS:
         raise HarnessError(f"unknown engine '{name}'; known: {', '.join(ENGINE_PARAMS)}")
+    if name == "vllm":
+        raise HarnessError("engine=vllm runs vLLM's own loop, not ours: evaluation.running.vllm.make_runner builds it "
+                           "(python -m evaluation.run and scripts.bench_methods take engine=vllm)")
     p = parse(ENGINE_PARAMS[name], params, f"engine '{name}'", prefix="engine")
     if name == "hf":
         return HFEngine(model, threads=p.threads)
