@@ -64,8 +64,8 @@ from methods.engine.static import COMPILE_MODES, INDUCTOR_CACHE, StaticEngine
 from methods.engine.tuning import choose_pack, choose_threads, time_variants
 from methods.params import AUTO, param, parse
 
-__all__ = ["ENGINE_PARAMS", "Engine", "HFEngine", "StaticEngine", "VllmParams", "build_engine", "choose_pack", "choose_threads",
-           "sdpa_backend", "time_variants"]
+__all__ = ["ENGINE_PARAMS", "Engine", "HFEngine", "StaticEngine", "VllmParams", "build_engine", "choose_pack",
+           "choose_threads", "sdpa_backend", "time_variants"]
 
 
 def _threads():
