@@ -31,21 +31,21 @@ DRAFTER_ENV = "HARNESS_VLLM_DRAFTER"  # {"method": NAME, "params": {...}}: the p
 
 
 def first_chain(draft: Draft) -> list[int]:
-    """The draft's chain of first children from the root (its tokens, the root left out), stopping at a node that
+    """The draft's chain of first children from the root (node indices, the root left out), stopping at a node that
     may not be accepted: what vLLM, which verifies chains, is sent of a tree.
 
     >>> from methods.tree import Tree
     >>> first_chain(Draft(torch.tensor([5, 6, 7, 8]), Tree.from_parents([-1, 0, 0, 1])))
-    [6, 8]
+    [1, 3]
     """
-    parents, tokens = draft.tree.parents, draft.tokens.tolist()
-    acceptable = draft.acceptable.tolist() if draft.acceptable is not None else [True] * len(tokens)
+    parents = draft.tree.parents
+    acceptable = draft.acceptable.tolist() if draft.acceptable is not None else [True] * len(parents)
     out, node = [], 0
     while True:
         child = next((i for i in range(node + 1, len(parents)) if parents[i] == node), None)
         if child is None or not acceptable[child]:
             return out
-        out.append(tokens[child])
+        out.append(child)
         node = child
 
 
@@ -55,7 +55,7 @@ class _Request:
     def __init__(self, proposer: Proposer, tokens: np.ndarray):
         self.proposer, self.prompt_len = proposer, len(tokens) - 1  # the prefill committed one token
         self.seen = tokens.copy()
-        self.last: tuple[Draft, list[int]] | None = None  # the draft sent and its chain
+        self.last: tuple[Draft, list[int]] | None = None  # the draft and the node indices of the chain sent
         proposer.reset(torch.as_tensor(tokens[:-1], dtype=torch.long), 0, None)
 
     def follows(self, tokens: np.ndarray) -> bool:
@@ -65,20 +65,21 @@ class _Request:
         """The verification of its last chain: the tokens committed since (accepted drafts, then the bonus)."""
         new = tokens[len(self.seen):].tolist()
         if self.last is not None and new:
-            draft, chain = self.last
+            draft, nodes = self.last
+            chain = draft.tokens[nodes].tolist()
             accepted = 0
             while accepted < min(len(chain), len(new) - 1) and chain[accepted] == new[accepted]:
                 accepted += 1
-            self.proposer.update(draft, Verification(list(range(accepted + 1)), new[: accepted + 1], None, None))
+            self.proposer.update(draft, Verification([0, *nodes[:accepted]], new[: accepted + 1], None, None))
         self.seen, self.last = tokens.copy(), None
 
     def propose(self, k: int) -> list[int]:
         if k <= 0:
             return []
         draft = self.proposer.propose(torch.as_tensor(self.seen, dtype=torch.long))
-        chain = first_chain(draft)[:k]
-        self.last = (draft, chain)
-        return chain
+        nodes = first_chain(draft)[:k]
+        self.last = (draft, nodes)
+        return draft.tokens[nodes].tolist()
 
     def finish(self) -> None:
         self.proposer.finish(self.seen[self.prompt_len:].tolist())

@@ -127,3 +127,30 @@ def test_engine_vllm_refuses_sampling_in_one_line(tmp_path):
     cfg = compose_config(["engine=vllm", "sampling.temperature=0.7"])
     with pytest.raises(HarnessError, match="engine=vllm decodes greedily"):
         vllm.make_runner(cfg)
+
+
+def test_a_tree_is_sent_as_its_chain_of_first_children_and_learns_that_path():
+    """vLLM verifies chains: of a tree draft it gets the first children's chain, and the proposer's ``update`` sees
+    the accepted nodes of that chain by their indices in its own tree."""
+    from methods.base import Draft, Proposer
+    from methods.tree import Tree
+    from methods.vllm_drafter import _Request
+
+    class TwoBranches(Proposer):
+        name = "two_branches"
+
+        def reset(self, prompt_ids, turn, prompt_logits, prompt_hidden=None):
+            self.seen = []
+
+        def propose(self, context):  # root, then 6 and 7 as its children, 8 under 6: first children 6 -> 8
+            return Draft(torch.tensor([int(context[-1]), 6, 7, 8]), Tree.from_parents([-1, 0, 0, 1]))
+
+        def update(self, draft, result):
+            self.seen.append((result.path, result.new_tokens))
+
+    p = TwoBranches()
+    request = _Request(p, np.array([1, 2, 3]))
+    assert request.propose(4) == [6, 8] and request.propose(1) == [6]
+    request.propose(4)
+    request.learn(np.array([1, 2, 3, 6, 9]))  # vLLM accepted 6, then its bonus 9
+    assert p.seen == [([0, 1], [6, 9])]

@@ -177,7 +177,8 @@ class VllmEngine:
         pass
 
     def summary(self) -> dict:
-        keep = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")
+        keep = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_OMP_THREADS_BIND",
+                "OMP_NUM_THREADS")
         return {"name": "vllm", "vllm": self.reply["version"], "start_seconds": self.reply["seconds"],
                 "eager": self.start["enforce_eager"], "prefix_caching": self.start["enable_prefix_caching"],
                 "max_num_seqs": self.start["max_num_seqs"], "tensor_parallel": self.start["tensor_parallel_size"],
@@ -206,12 +207,13 @@ class VllmRunner(Runner):
         self.sampling = sampling_settings(cfg)
         self.method, params = method_params(cfg)
         self.paradigm = paradigm(cfg.bench, self.sampling, [], self.spec.thinking)
-        p = parse(VllmParams, {k: v for k, v in OmegaConf.to_container(cfg.engine, resolve=True).items() if k != "name"},
-                  "engine 'vllm'", prefix="engine")
+        settings = OmegaConf.to_container(cfg.engine, resolve=True)
+        p = parse(VllmParams, {k: v for k, v in settings.items() if k != "name"}, "engine 'vllm'", prefix="engine")
         check_method(self.method, params)
         policy, off_above = budget_settings(cfg)
         for bad, fix in ((not self.sampling.greedy, "sampling.temperature=0 (vLLM's draws are not our keyed ones)"),
-                         (policy != "off" or off_above is not None, "runtime.budget=off and runtime.spec_off_above=null"),
+                         (policy != "off" or off_above is not None,
+                          "runtime.budget=off and runtime.spec_off_above=null"),
                          (self.prefill_chunk, "runtime.prefill_chunk=0 (vLLM chunks its prefills itself)"),
                          (self.paradigm.force_end_of_thinking, "bench.force_end_of_thinking=false")):
             if bad:
@@ -242,7 +244,8 @@ class VllmRunner(Runner):
         spec_config = speculative_config(self.method, params, p.drafter, ours)
         drafter = None
         if spec_config and spec_config["method"] == "custom_class":
-            drafter = {"method": self.method, "params": params, "model": self.spec.name, "stop_ids": sorted(self.stop_ids)}
+            drafter = {"method": self.method, "params": params, "model": self.spec.name,
+                       "stop_ids": sorted(self.stop_ids)}
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                "VLLM_CPU_KVCACHE_SPACE": str(p.kv_cache_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": str(p.reserved_cpus),
                "VLLM_CACHE_ROOT": str(CACHE / "vllm"), "TOKENIZERS_PARALLELISM": "false"}
@@ -254,7 +257,7 @@ class VllmRunner(Runner):
                  **({"per_request_spec_decode_metrics": "detailed"} if spec_config else {})}
         worker = Worker(python, env, CACHE / "vllm" / f"worker-{os.getpid()}-{id(self)}.log")
         reply = worker.send({"start": start, "drafter": drafter})
-        self.engine = VllmEngine(worker, start, env, reply, drafter and "ours" or (spec_config or {}).get("method"))
+        self.engine = VllmEngine(worker, start, env, reply, "ours" if drafter else (spec_config or {}).get("method"))
         self.spec_metrics = {}
         self.segment = uuid.uuid4().hex[:12]
         self.clock0 = time.perf_counter()

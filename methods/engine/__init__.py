@@ -9,7 +9,8 @@ Every method's forwards go through an engine (``methods.decode`` and the verifie
 * ``commit(start, path)``: keep, of the entries written from ``start`` on, only the
   accepted nodes ``path``.
 
-Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`` below):
+Two engines (``engine=`` in the Hydra config; their parameters: ``ENGINE_PARAMS`` below; ``engine=vllm`` is vLLM's
+whole loop instead, run by ``evaluation.running.vllm``, its parameters ``VllmParams``):
 
 ``hf`` (eager, the reference): the unmodified Hugging Face model with a growing
     ``DynamicCache``; works for every architecture transformers loads.
@@ -113,7 +114,8 @@ class VllmParams:
                         ".venv-vllm/bin/python, which make vllm installs)")
 
 
-ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams, "vllm": VllmParams}  # engine=NAME: the declarations (methods.params)
+# engine=NAME: the declarations (methods.params)
+ENGINE_PARAMS = {"hf": HFParams, "static": StaticParams, "vllm": VllmParams}
 
 
 def build_engine(model, params: dict) -> Engine:
