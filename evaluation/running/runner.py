@@ -138,14 +138,7 @@ class Runner:
     def __init__(self, cfg: DictConfig, loaded: tuple | None = None, spec: ModelSpec | None = None):
         """``loaded``: a (model, tokenizer, device) already loaded for ``cfg.model``, to share between runners;
         ``spec``: the model spec to use instead of ``cfg.model``'s (a claimed device)."""
-        self.spec = spec or model_spec(cfg)
-        self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
-        self.batch_size, self.prefill_chunk = batch_size(cfg), prefill_chunk(cfg)
-        policy, off_above = budget_settings(cfg)
-        self.sampling = sampling_settings(cfg)
-        self.method, params = method_params(cfg)
-        self.paradigm = paradigm(cfg.bench, self.sampling, [], self.spec.thinking)
-        check_method(self.method, params)  # what the settings alone refuse, before the weights load
+        params, policy, off_above = self._settings(cfg, spec)
         if loaded is None:
             checkpoint_path(self.spec)  # then a checkpoint that cannot be had,
         check_artefacts(self.method, params)  # and a head or drafter that cannot: before any weight loads
@@ -170,6 +163,20 @@ class Runner:
         self.proposers = [self.proposer] + [self.proposer.fork() for _ in range(self.batch_size - 1)]
         self.segment = uuid.uuid4().hex[:12]  # this process's part of the run (throughput: evaluation.records.metrics)
         self.clock0 = time.perf_counter()
+
+    def _settings(self, cfg: DictConfig, spec: ModelSpec | None) -> tuple[dict, str, int | None]:
+        """The run's settings read and checked before anything loads (what the settings alone refuse): the model,
+        the bench's limits, batch, sampling, method and paradigm; returns the method's parameters and the budget's
+        policy and ``spec_off_above``."""
+        self.spec = spec or model_spec(cfg)
+        self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
+        self.batch_size, self.prefill_chunk = batch_size(cfg), prefill_chunk(cfg)
+        policy, off_above = budget_settings(cfg)
+        self.sampling = sampling_settings(cfg)
+        self.method, params = method_params(cfg)
+        self.paradigm = paradigm(cfg.bench, self.sampling, [], self.spec.thinking)
+        check_method(self.method, params)
+        return params, policy, off_above
 
     @property
     def dtype(self) -> torch.dtype:

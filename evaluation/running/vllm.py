@@ -35,20 +35,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.running.config import (
-    batch_size,
-    budget_settings,
-    int_setting,
-    method_params,
-    model_spec,
-    prefill_chunk,
-    sampling_settings,
-)
 from evaluation.running.models import checkpoint_path, load_tokenizer, resolve_device, resolve_dtype, stop_token_ids_of
-from evaluation.running.paradigms import paradigm
 from evaluation.running.prompts import check_template, end_of_thinking_id, thinking_marker
 from evaluation.running.runner import Runner
-from methods.base import build_proposer, check_method, registry
+from methods.base import build_proposer, registry
 from methods.budget import Budget
 from methods.common import CACHE, ROOT, HarnessError
 from methods.decode import Generation
@@ -199,16 +189,9 @@ class VllmRunner(Runner):
         started with vLLM's engine."""
         from transformers import AutoConfig, GenerationConfig
 
-        self.spec = spec or model_spec(cfg)
-        self.max_new_tokens = int_setting(cfg.bench.max_new_tokens, "bench.max_new_tokens", 1)
-        self.batch_size, self.prefill_chunk = batch_size(cfg), prefill_chunk(cfg)
-        self.sampling = sampling_settings(cfg)
-        self.method, params = method_params(cfg)
-        self.paradigm = paradigm(cfg.bench, self.sampling, [], self.spec.thinking)
+        params, policy, off_above = self._settings(cfg, spec)
         settings = OmegaConf.to_container(cfg.engine, resolve=True)
         p = parse(VllmParams, {k: v for k, v in settings.items() if k != "name"}, "engine 'vllm'", prefix="engine")
-        check_method(self.method, params)
-        policy, off_above = budget_settings(cfg)
         for bad, fix in ((not self.sampling.greedy, "sampling.temperature=0 (vLLM's draws are not our keyed ones)"),
                          (policy != "off" or off_above is not None,
                           "runtime.budget=off and runtime.spec_off_above=null"),
