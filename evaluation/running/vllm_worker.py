@@ -3,7 +3,8 @@
 
     {"start": {LLM's keyword arguments}, "drafter": {...} | null}  -> {"version", "seconds"}
     {"add": ID, "prompt": [ids], "max_tokens": N, "stop": [ids]}   -> nothing
-    {"step": true}   -> {"finished": [...]}: vLLM's engine steps until at least one request has finished
+    {"step": true}   -> {"finished": [...], "steps": N}: vLLM's engine steps (N of them) until at least one request
+                        has finished
     {"metrics": true} -> {"metrics": {name: value}}: vLLM's spec-decode counters (``LLM.get_metrics``)
 
 The requests run with vLLM's continuous batching (``LLMEngine.add_request`` / ``step``, as ``LLM.generate`` drives
@@ -50,9 +51,10 @@ def main() -> None:
             live[msg["add"]] = {"start": time.perf_counter(), "steps": [], "times": [], "tokens": []}
             engine.add_request(msg["add"], TokensPrompt(prompt_token_ids=msg["prompt"]), params)
         elif "step" in msg:
-            finished = []
+            finished, steps = [], 0
             while not finished:
                 outputs = engine.step()
+                steps += 1
                 now = time.perf_counter()
                 for out in outputs:
                     state = live[out.request_id]
@@ -69,7 +71,7 @@ def main() -> None:
                         del live[out.request_id]
                 if not outputs and not engine.has_unfinished_requests():
                     raise RuntimeError(f"vLLM has no request left but {sorted(live)} never finished")
-            replies.write(json.dumps({"finished": finished}) + "\n")
+            replies.write(json.dumps({"finished": finished, "steps": steps}) + "\n")
         elif "metrics" in msg:
             out = {}
             for m in llm.get_metrics():

@@ -47,13 +47,27 @@ class LayerPlan:
     rope: str  # the rotary table it reads (Gemma 3: one per layer type)
 
 
+# transformers' RMSNorms that compute weight * (x * rsqrt(mean(x^2) + eps)) in float32, as torch's rms_norm does
+# (one kernel call where the module makes eight; the same numbers: tests/test_static_engine.py)
+PLAIN_RMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
+def norm(module) -> Callable:
+    """``module`` (a norm of the model), as one ``rms_norm`` call where it is a plain float32 RMSNorm (``PLAIN_RMS``)
+    of a float32 model, else the module itself."""
+    if module is None or type(module).__name__ not in PLAIN_RMS or module.weight.dtype != torch.float32:
+        return module
+    shape, weight, eps = (module.weight.shape[0],), module.weight, module.variance_epsilon
+    return lambda x: torch.nn.functional.rms_norm(x, shape, weight, eps)
+
+
 def layer_plan(layer) -> LayerPlan:
     at = layer.self_attn
     gemma = hasattr(layer, "pre_feedforward_layernorm")  # the "sandwich": norms after attention and MLP too
     return LayerPlan(
-        q_norm=getattr(at, "q_norm", None) or _same, k_norm=getattr(at, "k_norm", None) or _same,
+        q_norm=norm(getattr(at, "q_norm", None)) or _same, k_norm=norm(getattr(at, "k_norm", None)) or _same,
         after_attention=layer.post_attention_layernorm if gemma else _same,
-        before_mlp=layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
+        before_mlp=layer.pre_feedforward_layernorm if gemma else norm(layer.post_attention_layernorm),
         after_mlp=layer.post_feedforward_layernorm if gemma else _same,
         window=getattr(at, "sliding_window", None), rope=getattr(at, "layer_type", None) or FULL)
 

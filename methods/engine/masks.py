@@ -77,20 +77,23 @@ def graph_masks(past: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor
     return at, {w: arch.window_mask(mask, at, keys, w) for w in windows}
 
 
-def groups(rows: list[int], counts: list[int], spans: list[int], masks: list[dict]) -> list[tuple]:
+def groups(rows: list[int], counts: list[int], spans: list[int], masks: list[dict | None]) -> list[tuple]:
     """A packed forward's rows in runs that attend in one call: consecutive rows of as many tokens each, at
     consecutive cache rows. Each run as (first cache row, rows g, tokens each n, first packed token, span, window
-    -> mask [g, 1, n, span]): the run's longest span, each row's mask padded with keys it does not see."""
+    -> mask [g, 1, n, span]): the run's longest span, each row's mask padded with keys it does not see. A row
+    whose mask is None needs none (``StaticEngine._unmasked``): a run of its own, over its own ``span`` exactly,
+    its mask None."""
     runs, start = [], 0
     for i in range(1, len(rows) + 1):
-        if i == len(rows) or counts[i] != counts[start] or rows[i] != rows[i - 1] + 1:
+        if (i == len(rows) or counts[i] != counts[start] or rows[i] != rows[i - 1] + 1 or masks[i] is None
+                or masks[start] is None):
             runs.append(range(start, i))
             start = i
     out, first = [], 0
     for run in runs:
         span = max(spans[j] for j in run)
-        mask = {w: torch.stack([F.pad(masks[j][w], (0, span - spans[j])) for j in run])[:, None]
-                for w in masks[run[0]]}
+        mask = None if masks[run[0]] is None else {
+            w: torch.stack([F.pad(masks[j][w], (0, span - spans[j])) for j in run])[:, None] for w in masks[run[0]]}
         out.append((rows[run[0]], len(run), counts[run[0]], first, span, mask))
         first += len(run) * counts[run[0]]
     return out

@@ -43,6 +43,27 @@ class Linear:
         self.use_packed = pack
         self.pack_from = 1
 
+    @classmethod
+    def fused(cls, layers: list[torch.nn.Linear], pack: bool) -> "Linear":
+        """One linear for several that read the same input (q, k, v; gate, up), their outputs side by side: one
+        weight read and one kernel call where there were several (as serving engines merge them). The layers'
+        weights (and biases) become views of the fused one, so the model holds them once and its own forward is
+        unchanged; a model fused before (another engine over it) is fused again in place, no copy."""
+        fused = torch.nn.Linear(layers[0].in_features, sum(m.out_features for m in layers),
+                                bias=layers[0].bias is not None, device="meta")
+        for name in ("weight", "bias") if fused.bias is not None else ("weight",):
+            parts = [getattr(m, name) for m in layers]
+            whole = _joined(parts)
+            if whole is None:
+                with torch.no_grad():
+                    whole = torch.cat([p.detach() for p in parts])
+                start = 0
+                for p in parts:
+                    p.data = whole[start:start + p.shape[0]]
+                    start += p.shape[0]
+            setattr(fused, name, torch.nn.Parameter(whole, requires_grad=False))
+        return cls(fused, pack)
+
     def unpack(self) -> None:
         """Plain weights from now on (the packed copy dropped)."""
         self.use_packed, self.packed = False, None
@@ -52,6 +73,19 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor ``parts`` are consecutive row blocks of (a fusion made before), or None."""
+    base = parts[0].data._base
+    if base is None or base.shape[0] != sum(p.shape[0] for p in parts) or base.shape[1:] != parts[0].shape[1:]:
+        return None
+    start = 0
+    for p in parts:
+        if p.data._base is not base or p.data_ptr() != base[start].data_ptr():
+            return None
+        start += p.shape[0]
+    return base
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:

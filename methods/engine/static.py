@@ -27,10 +27,13 @@ class _Layer:
         at, mlp = layer.self_attn, layer.mlp
         self.plan = arch.layer_plan(layer)
         self.window, self.rope = self.plan.window, self.plan.rope
-        self.q, self.k, self.v, self.o = (Linear(m, pack) for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
-        self.gate, self.up, self.down = (Linear(m, pack) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.qkv_proj = Linear.fused([at.q_proj, at.k_proj, at.v_proj], pack)  # q, k, v side by side
+        self.o = Linear(at.o_proj, pack)
+        self.gate_up = Linear.fused([mlp.gate_proj, mlp.up_proj], pack)
+        self.down = Linear(mlp.down_proj, pack)
+        self.split = (at.q_proj.out_features, at.k_proj.out_features, at.v_proj.out_features)
         self.act = mlp.act_fn
-        self.norm1 = layer.input_layernorm
+        self.norm1 = arch.norm(layer.input_layernorm)
         self.heads, self.kv_heads, self.head_dim = at.config.num_attention_heads, at.config.num_key_value_heads, \
             at.head_dim
         self.scale = at.scaling
@@ -40,10 +43,10 @@ class _Layer:
         """Pre-attention: the rotated queries [heads, n, d] and keys and values [kv_heads, n, d] (a batch's rows:
         x [b, n, hidden] gives [b, heads, n, d] and [b, kv_heads, n, d], with cos, sin [b, 1, n, d])."""
         *lead, n, _ = x.shape
-        h = self.norm1(x)
-        q = self.plan.q_norm(self.q(h).view(*lead, n, self.heads, self.head_dim)).transpose(-3, -2)
-        k = self.plan.k_norm(self.k(h).view(*lead, n, self.kv_heads, self.head_dim)).transpose(-3, -2)
-        v = self.v(h).view(*lead, n, self.kv_heads, self.head_dim).transpose(-3, -2)
+        q, k, v = self.qkv_proj(self.norm1(x)).split(self.split, dim=-1)
+        q = self.plan.q_norm(q.reshape(*lead, n, self.heads, self.head_dim)).transpose(-3, -2)
+        k = self.plan.k_norm(k.reshape(*lead, n, self.kv_heads, self.head_dim)).transpose(-3, -2)
+        v = v.reshape(*lead, n, self.kv_heads, self.head_dim).transpose(-3, -2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def attend(self, q, keys, values, mask):
@@ -67,11 +70,26 @@ class _Layer:
         o = o.reshape(b, self.heads, n, d).transpose(1, 2).reshape(b, n, self.heads * d)
         return o if rows else o[0]
 
+    def attend_span(self, q, keys, values):
+        """Attention without a mask over exactly what the queries see (``masks.unmasked``): queries [heads, n, d]
+        after the first ``span - n`` cached entries, keys and values [kv_heads, span, d] (the row's own span, no
+        padding): one query sees all of them (its window's last ``window`` only), several see them causally
+        (a prompt from slot 0: the kernel skips the blocks above the diagonal). Returns [n, heads * d]."""
+        n, d = q.shape[1], q.shape[2]
+        if n == 1 and self.window is not None:
+            keys, values = keys[:, -self.window:], values[:, -self.window:]
+        fold = self.fold and n == 1  # one query a head: its group's queries are its K/V head's rows, no mask needed
+        q = q.reshape(self.kv_heads, self.heads // self.kv_heads, d) if fold else q
+        o = F.scaled_dot_product_attention(q[None], keys[None], values[None], scale=self.scale, is_causal=n > 1,
+                                           enable_gqa=not fold and self.heads != self.kv_heads)
+        return o.reshape(self.heads, n, d).transpose(0, 1).reshape(n, self.heads * d)
+
     def rest(self, x, o):
         """Post-attention: output projection, residual, MLP, residual."""
         x = x + self.plan.after_attention(self.o(o))
         h = self.plan.before_mlp(x)
-        return x + self.plan.after_mlp(self.down(self.act(self.gate(h)) * self.up(h)))
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.plan.after_mlp(self.down(self.act(gate) * up))
 
 
 SPAN = 64  # attention reads the cache up to the committed length + n, rounded up to this many slots
@@ -113,7 +131,7 @@ class StaticEngine(Engine):
                               f"CPU with AVX-512 or AVX-NE-CONVERT); here {self.device.type}, {self.dtype}. Set "
                               f"engine.pack=auto")
         inner = model.model
-        self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.embed, self.norm, self.rotary = inner.embed_tokens, arch.norm(inner.norm), inner.rotary_emb
         self.lm_head = Linear(model.lm_head, pack)
         self.pack = pack and not compile
         self.gqa = "folded" if self.device.type == "cuda" else "enable_gqa"  # see sdpa_backend
@@ -218,7 +236,7 @@ class StaticEngine(Engine):
 
     def _linears(self) -> list[Linear]:
         return [self.lm_head] + [lin for layer in self.layers for lin in
-                                 (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+                                 (layer.qkv_proj, layer.o, layer.gate_up, layer.down)]
 
     def summary(self) -> dict:
         out = {**super().summary(), "pack": self.pack, "compile": self._compiled is not None}
@@ -251,6 +269,16 @@ class StaticEngine(Engine):
         span = self._room(past + size)
         keys, values = self.cache.row(row)
         at = masks.positions(past, n, tree, size, self.device)
+        if not step and self._unmasked(past, n, tree):
+            rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
+            slots, end = torch.arange(past, past + n, device=self.device), past + n
+            taps = [] if isinstance(hidden, tuple) else None
+            x = self._layers(self.embed(tokens), rope,
+                             lambda i, k, v: kv.StaticKV.write(keys, values, i, slots, k, v, end),
+                             lambda layer, q, k, v: layer.attend_span(q, k, v), hidden if taps is not None else (),
+                             taps)
+            self.last_slots = n
+            return self._out(x, row, n, last_only, hidden, taps)
         windows = masks.windowed(masks.step_mask(past, n, tree, span, size, self.device), past, at, self.plan.windows)
         if size > n:  # padding nodes: each sees only itself, and is written past the step's own entries
             tokens = torch.cat([tokens, torch.zeros(size - n, dtype=tokens.dtype, device=self.device)])
@@ -264,8 +292,21 @@ class StaticEngine(Engine):
             x = self._compiled(x, rope, windows, slots, keys, values)[:n]
         else:
             x = self._row(x, rope, windows, slots, keys, values, hidden if taps is not None else (), taps)[:n]
-        self.cache.lengths[row] = past + n
         self.last_slots = size
+        return self._out(x, row, n, last_only, hidden, taps)
+
+    def _unmasked(self, past: int, n: int, tree) -> bool:
+        """A step whose attention needs no mask (``_Layer.attend_span``): one token after its prefix, or a prompt
+        from slot 0 where every layer attends causally over the whole prefix (no sliding window) and the grouped
+        heads need no folding (folding is for one query a head)."""
+        if tree is not None and not tree.is_chain:
+            return False
+        return n == 1 or (past == 0 and self.plan.windows == (None,) and self.gqa != "folded")
+
+    def _out(self, x, row, n, last_only, hidden, taps):
+        """A forward's end: the row's length past its ``n`` new entries, the logits (``last_only``: the last
+        position's) and what ``hidden`` asked for."""
+        self.cache.lengths[row] += n
         h = self.norm(x)
         logits = self.plan.logits(self.lm_head, h[-1:] if last_only else h)
         if taps is not None:
@@ -318,8 +359,10 @@ class StaticEngine(Engine):
         pasts = [lengths[r] for r in rows]
         spans = [self._room(p + n) for p, n in zip(pasts, counts)]  # each row's own, in whole spans
         places = [masks.positions(p, n, tree, n, dev) for p, n, tree in zip(pasts, counts, trees)]
-        row_masks = [masks.windowed(masks.step_mask(p, n, tree, span, n, dev), p, at, self.plan.windows)
-                     for p, n, tree, span, at in zip(pasts, counts, trees, spans, places)]
+        unmasked = [self._unmasked(p, n, tree) for p, n, tree in zip(pasts, counts, trees)]
+        spans = [p + n if u else span for p, n, u, span in zip(pasts, counts, unmasked, spans)]  # exact: no mask
+        row_masks = [None if u else masks.windowed(masks.step_mask(p, n, tree, span, n, dev), p, at, self.plan.windows)
+                     for p, n, tree, span, at, u in zip(pasts, counts, trees, spans, places, unmasked)]
         at = torch.cat(places)
         rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}  # [T, d] each
         where = kv.StaticKV.places(rows, pasts, counts, dev)
@@ -328,9 +371,10 @@ class StaticEngine(Engine):
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
 
         def attend(layer, q, keys, values):  # [heads, T, d] over each run's rows' caches [rows, kv_heads, capacity, d]
-            return torch.cat([layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
-                                           keys[r:r + g, :, :span], values[r:r + g, :, :span],
-                                           mask[layer.window]).flatten(0, 1)
+            return torch.cat([layer.attend_span(q[:, a:a + n], keys[r, :, :span], values[r, :, :span]) if mask is None
+                              else layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
+                                                keys[r:r + g, :, :span], values[r:r + g, :, :span],
+                                                mask[layer.window]).flatten(0, 1)
                               for r, g, n, a, span, mask in runs])
 
         x = self._layers(self.embed(torch.cat(tokens)), rope, lambda i, k, v: self.cache.write_tokens(i, where, k, v),
