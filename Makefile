@@ -112,11 +112,13 @@ test-fast: setup
 		echo "make test-fast: $$(( $$(date +%s) - start )) s for the tests"; exit $$rc
 
 # Side by side in one process on 2 questions per task: HF generate, vanilla on both engines, TR with the paper
-# tree and with tree=auto, with each step's time split by phase; then TR's own share of its step time; then how a
+# tree and with tree=auto, with each step's time split by phase; then TR's own share of its step time; then our
+# vanilla step beside vLLM's at 1 to 16 requests (scripts/bench_engine.py; ours alone without make vllm); then how a
 # proposer's time per step grows along 512-token answers to SpecTTS-Bench's smoke set (scripts/bench_long.py).
 bench: setup
 	$(PY) -m scripts.bench_methods "method=vanilla" "method=vanilla engine=hf" "method=tr" "method=tr method.tree=auto" \
 		--generate --phases --bench spec_bench_smoke --set bench.max_new_tokens=64
 	$(PY) -m scripts.bench_tr
+	$(PY) -m scripts.bench_engine --batches 1 4 8 16 --rounds 1 --sets first
 	$(PY) -m scripts.bench_long "method=vanilla" "method=pld" "method=sam method.max_draft=auto" \
 		"method=tr method.tree=auto" --bench spec_tts_smoke --tokens 512 --window 64

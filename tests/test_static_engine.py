@@ -262,3 +262,44 @@ def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
         assert gen.token_ids == ref
     assert max(gen.accept_lengths) > 1  # drafts were accepted: padded steps of several sizes ran
     assert counters["stats"]["unique_graphs"] == 0 and engine.summary()["compiled"]["compiled_while_timed"] == []
+
+
+def test_unmasked_attention_is_the_masked_attention(tiny_model):
+    """A one-token step and a prompt from slot 0 attend without a mask over their own span (``_unmasked``): the same
+    logits as the masked path, alone and as rows of a packed forward beside a tree row and a later chunk."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(96, (n,), generator=gen) for n in (5, 70, 130)]
+    tree = Tree.from_parents((-1, 0, 0, 1))
+    drafts = torch.randint(96, (tree.size,), generator=gen)
+    one = torch.tensor([11])
+    out = {}
+    for unmasked in (True, False):
+        st = StaticEngine(tiny_model)
+        if not unmasked:
+            st._unmasked = lambda *args: False
+        st.start(300, rows=3)
+        alone = [st.forward(p, row=r)[0] for r, p in enumerate(prompts)]
+        step = st.forward(one, row=0)[0]
+        rows = st.forward_rows([0, 1, 2], [one, drafts, prompts[2][:9]], [None, tree, None])
+        out[unmasked] = alone + [step] + [logits for logits, _ in rows]
+    assert StaticEngine(tiny_model)._unmasked(0, 70, None) and not StaticEngine(tiny_model)._unmasked(3, 2, None)
+    for a, b in zip(out[True], out[False]):
+        _logits_close(a, b)
+
+
+def test_fused_linears_share_the_model_weights(tiny_model):
+    """q/k/v and gate/up run as one linear each; the model's own weights become views of it (held once, its own
+    forward unchanged), and a second engine over the model fuses in place; plain RMSNorms as one rms_norm call give
+    the module's numbers exactly."""
+    x = torch.arange(12)[None] % 96
+    before = tiny_model(x).logits
+    first, second = StaticEngine(tiny_model, pack=False), StaticEngine(tiny_model, pack=False)
+    attn = tiny_model.model.layers[0].self_attn
+    fused = first.layers[0].qkv_proj.weight
+    assert fused.shape[0] == attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features
+    assert attn.k_proj.weight.data_ptr() == fused[attn.q_proj.out_features].data_ptr()
+    assert second.layers[0].qkv_proj.weight.data_ptr() == fused.data_ptr()
+    torch.testing.assert_close(tiny_model(x).logits, before, rtol=0, atol=0)
+    h = torch.randn(7, tiny_model.config.hidden_size)
+    norm = tiny_model.model.layers[0].input_layernorm
+    assert first.layers[0].norm1 is not norm and torch.equal(first.layers[0].norm1(h), norm(h))

@@ -61,6 +61,7 @@ class Linear:
                 for p in parts:
                     p.data = whole[start:start + p.shape[0]]
                     start += p.shape[0]
+                parts[0].fused_into = whole  # for the next engine over this model
             setattr(fused, name, torch.nn.Parameter(whole, requires_grad=False))
         return cls(fused, pack)
 
@@ -76,16 +77,16 @@ class Linear:
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """The tensor ``parts`` are consecutive row blocks of (a fusion made before), or None."""
-    base = parts[0].data._base
-    if base is None or base.shape[0] != sum(p.shape[0] for p in parts) or base.shape[1:] != parts[0].shape[1:]:
+    """The tensor a fusion made before holds ``parts`` in (consecutive row blocks, still in place), or None."""
+    whole = getattr(parts[0], "fused_into", None)
+    if whole is None:
         return None
     start = 0
     for p in parts:
-        if p.data._base is not base or p.data_ptr() != base[start].data_ptr():
+        if p.shape[1:] != whole.shape[1:] or p.data_ptr() != whole[start].data_ptr():
             return None
         start += p.shape[0]
-    return base
+    return whole if start == whole.shape[0] else None
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
