@@ -265,26 +265,28 @@ def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
 
 
 def test_unmasked_attention_is_the_masked_attention(tiny_model):
-    """A one-token step and a prompt from slot 0 attend without a mask over their own span (``_unmasked``): the same
-    logits as the masked path, alone and as rows of a packed forward beside a tree row and a later chunk."""
+    """A one-token step and a prompt from slot 0 attend without a mask over their own span (``_unmasked``), one-token
+    rows through the decode kernel where it builds (``engine.attention=auto``): the same logits as the masked path,
+    alone and as rows of a packed forward beside a tree row and a later chunk."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(96, (n,), generator=gen) for n in (5, 70, 130)]
     tree = Tree.from_parents((-1, 0, 0, 1))
     drafts = torch.randint(96, (tree.size,), generator=gen)
     one = torch.tensor([11])
     out = {}
-    for unmasked in (True, False):
-        st = StaticEngine(tiny_model)
-        if not unmasked:
+    for label in ("unmasked", "masked", "auto"):
+        st = StaticEngine(tiny_model, attention="auto" if label == "auto" else "sdpa")
+        if label == "masked":
             st._unmasked = lambda *args: False
         st.start(300, rows=3)
         alone = [st.forward(p, row=r)[0] for r, p in enumerate(prompts)]
         step = st.forward(one, row=0)[0]
         rows = st.forward_rows([0, 1, 2], [one, drafts, prompts[2][:9]], [None, tree, None])
-        out[unmasked] = alone + [step] + [logits for logits, _ in rows]
+        out[label] = alone + [step] + [logits for logits, _ in rows]
     assert StaticEngine(tiny_model)._unmasked(0, 70, None) and not StaticEngine(tiny_model)._unmasked(3, 2, None)
-    for a, b in zip(out[True], out[False]):
+    for a, b, c in zip(out["unmasked"], out["masked"], out["auto"]):
         _logits_close(a, b)
+        _logits_close(c, b)
 
 
 def test_fused_linears_share_the_model_weights(tiny_model):
@@ -303,3 +305,37 @@ def test_fused_linears_share_the_model_weights(tiny_model):
     h = torch.randn(7, tiny_model.config.hidden_size)
     norm = tiny_model.model.layers[0].input_layernorm
     assert first.layers[0].norm1 is not norm and torch.equal(first.layers[0].norm1(h), norm(h))
+
+
+def test_native_decode_attention_is_sdpa_and_batch_independent():
+    """The engine's decode kernel (methods/engine/native.py): torch's attention to rounding for rows of different
+    spans, grouped heads and a sliding window, and a row's result bit for bit the same alone as in a batch."""
+    import torch.nn.functional as F
+
+    from methods.engine import native
+
+    if native.kernel() is None:
+        pytest.skip(f"the kernel could not be built here: {native.error()}")
+    gen = torch.Generator().manual_seed(4)
+    keys, values = torch.randn(5, 2, 300, 16, generator=gen), torch.randn(5, 2, 300, 16, generator=gen)
+    q = torch.randn(3, 6, 16, generator=gen)  # 3 rows, 6 query heads on 2 K/V heads
+    rows, starts, ends = [4, 0, 2], [0, 0, 37], [290, 1, 77]
+    out = native.decode_attention(q, keys, values, rows, starts, ends, 0.25)
+    for i, (r, a, e) in enumerate(zip(rows, starts, ends)):
+        ref = F.scaled_dot_product_attention(q[i][None, :, None], keys[r, :, a:e][None], values[r, :, a:e][None],
+                                             scale=0.25, enable_gqa=True)[0, :, 0]
+        torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-6)
+        alone = native.decode_attention(q[i:i + 1], keys, values, [r], [a], [e], 0.25)
+        assert torch.equal(alone[0], out[i])
+
+
+def test_engine_attention_setting(tiny_model):
+    """engine.attention: auto takes the kernel where it runs, sdpa never; the summary names it; native where it
+    cannot run is one line."""
+    from methods.engine import native
+
+    assert StaticEngine(tiny_model, attention="sdpa").summary()["decode_attention"] == "sdpa"
+    auto = StaticEngine(tiny_model).summary()["decode_attention"]
+    assert auto == ("native" if native.kernel() is not None else "sdpa")
+    with pytest.raises(HarnessError, match="engine.attention=native"):
+        StaticEngine(tiny_llama(seed=0).to(torch.bfloat16), attention="native")

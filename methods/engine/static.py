@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.common import CACHE, HarnessError
-from methods.engine import arch, kv, masks
+from methods.engine import arch, kv, masks, native
 from methods.engine.core import Engine
 from methods.engine.graphs import StepGraphs, buckets, span_bucket
 from methods.engine.ops import Linear, can_pack, rotate_half, sync
@@ -71,9 +71,9 @@ class _Layer:
         return o if rows else o[0]
 
     def attend_span(self, q, keys, values):
-        """Attention without a mask over exactly what the queries see (``masks.unmasked``): queries [heads, n, d]
-        after the first ``span - n`` cached entries, keys and values [kv_heads, span, d] (the row's own span, no
-        padding): one query sees all of them (its window's last ``window`` only), several see them causally
+        """Attention without a mask over exactly what the queries see (``StaticEngine._unmasked``): queries
+        [heads, n, d] after the first ``span - n`` cached entries, keys and values [kv_heads, span, d] (the row's own
+        span, no padding): one query sees all of them (its window's last ``window`` only), several see them causally
         (a prompt from slot 0: the kernel skips the blocks above the diagonal). Returns [n, heads * d]."""
         n, d = q.shape[1], q.shape[2]
         if n == 1 and self.window is not None:
@@ -83,6 +83,14 @@ class _Layer:
         o = F.scaled_dot_product_attention(q[None], keys[None], values[None], scale=self.scale, is_causal=n > 1,
                                            enable_gqa=not fold and self.heads != self.kv_heads)
         return o.reshape(self.heads, n, d).transpose(0, 1).reshape(n, self.heads * d)
+
+    def attend_ones(self, q, keys, values, rows: list[int], ends: list[int]):
+        """One query token a row (``native``'s kernel, ``StaticEngine.native``): queries [heads, R, d] over cache rows
+        ``rows`` of one layer's keys and values [rows, kv_heads, capacity, d], row i seeing its slots before
+        ``ends[i]`` (a sliding window: its last ``window``). Returns [R, heads * d]."""
+        starts = [max(0, e - self.window) for e in ends] if self.window is not None else [0] * len(ends)
+        o = native.decode_attention(q.transpose(0, 1), keys, values, rows, starts, ends, self.scale)
+        return o.reshape(len(rows), self.heads * self.head_dim)
 
     def rest(self, x, o):
         """Post-attention: output projection, residual, MLP, residual."""
@@ -118,7 +126,7 @@ class StaticEngine(Engine):
     ragged = True
 
     def __init__(self, model, *, pack: bool | None = None, compile: bool | str = False, mode: str = "default",
-                 threads: int | str | None = None):
+                 threads: int | str | None = None, attention: str = "auto"):
         """``compile``: False (eager), ``"graphs"`` (CUDA graphs of the eager step; on a CPU its static-shape
         step runs eagerly, for the tests) or True (torch.compile, ``mode``)."""
         super().__init__(model)
@@ -137,6 +145,7 @@ class StaticEngine(Engine):
         self.gqa = "folded" if self.device.type == "cuda" else "enable_gqa"  # see sdpa_backend
         self.layers = [_Layer(layer, self.pack, self.gqa == "folded") for layer in inner.layers]
         self.head_dim = self.layers[0].head_dim
+        self.native = self._native(attention)  # one-token steps through native's kernel (else torch's SDPA)
         self.cache: kv.StaticKV | None = None
         self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary table -> cos, sin [capacity, d]
         self.step_mode = STEPS[compile] + (f":{mode}" if compile is True and mode != "default" else "")
@@ -234,12 +243,30 @@ class StaticEngine(Engine):
             lin.use_packed, lin.pack_from = on and lin.packed is not None, start
         self.pack = on
 
+    def _native(self, attention: str) -> bool:
+        """``engine.attention``: auto takes ``native``'s kernel for one-token steps on a CPU in float32 where it
+        builds, sdpa torch's kernel always, native requires it."""
+        if attention == "sdpa":
+            return False
+        fits = self.device.type == "cpu" and self.dtype == torch.float32 and self.head_dim % 8 == 0
+        if fits and native.kernel() is not None:
+            return True
+        if attention == "native":
+            why = native.error() or f"it runs float32 on a CPU with head sizes in 8s; here {self.device.type}, " \
+                                    f"{self.dtype}, head size {self.head_dim}"
+            raise HarnessError(f"engine.attention=native: the decode kernel cannot run here ({why}); set "
+                               f"engine.attention=auto")
+        return False
+
     def _linears(self) -> list[Linear]:
         return [self.lm_head] + [lin for layer in self.layers for lin in
                                  (layer.qkv_proj, layer.o, layer.gate_up, layer.down)]
 
     def summary(self) -> dict:
-        out = {**super().summary(), "pack": self.pack, "compile": self._compiled is not None}
+        out = {**super().summary(), "pack": self.pack, "compile": self._compiled is not None,
+               "decode_attention": "native" if self.native else "sdpa"}
+        if native.error():
+            out["native_error"] = native.error()
         if self.pack_choice is not None:
             out["pack_choice"] = self.pack_choice
         if self._graphs is not None:
@@ -273,10 +300,15 @@ class StaticEngine(Engine):
             rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
             slots, end = torch.arange(past, past + n, device=self.device), past + n
             taps = [] if isinstance(hidden, tuple) else None
+            if n == 1 and self.native:
+                def attend(layer, q, k, v):
+                    return layer.attend_ones(q, k[None], v[None], [0], [end])
+            else:
+                def attend(layer, q, k, v):
+                    return layer.attend_span(q, k, v)
             x = self._layers(self.embed(tokens), rope,
-                             lambda i, k, v: kv.StaticKV.write(keys, values, i, slots, k, v, end),
-                             lambda layer, q, k, v: layer.attend_span(q, k, v), hidden if taps is not None else (),
-                             taps)
+                             lambda i, k, v: kv.StaticKV.write(keys, values, i, slots, k, v, end), attend,
+                             hidden if taps is not None else (), taps)
             self.last_slots = n
             return self._out(x, row, n, last_only, hidden, taps)
         windows = masks.windowed(masks.step_mask(past, n, tree, span, size, self.device), past, at, self.plan.windows)
@@ -370,12 +402,25 @@ class StaticEngine(Engine):
         runs = masks.groups(rows, counts, spans, row_masks)
         taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
 
+        ones = [(a, r, span) for r, g, n, a, span, mask in runs if mask is None and n == 1] if self.native else []
+        runs = [run for run in runs if not (ones and run[5] is None and run[2] == 1)]  # the kernel takes those
+        if ones:
+            one_at = torch.tensor([a for a, _, _ in ones], device=dev)
+            one_rows, one_ends = [r for _, r, _ in ones], [span for _, _, span in ones]
+
         def attend(layer, q, keys, values):  # [heads, T, d] over each run's rows' caches [rows, kv_heads, capacity, d]
-            return torch.cat([layer.attend_span(q[:, a:a + n], keys[r, :, :span], values[r, :, :span]) if mask is None
-                              else layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
-                                                keys[r:r + g, :, :span], values[r:r + g, :, :span],
-                                                mask[layer.window]).flatten(0, 1)
-                              for r, g, n, a, span, mask in runs])
+            parts = [(a, layer.attend_span(q[:, a:a + n], keys[r, :, :span], values[r, :, :span]) if mask is None
+                      else layer.attend(q[:, a:a + g * n].unflatten(1, (g, n)).transpose(0, 1),
+                                        keys[r:r + g, :, :span], values[r:r + g, :, :span],
+                                        mask[layer.window]).flatten(0, 1))
+                     for r, g, n, a, span, mask in runs]
+            if not ones:
+                return torch.cat([o for _, o in parts])
+            out = q.new_empty(q.shape[1], q.shape[0] * q.shape[2])
+            out.index_copy_(0, one_at, layer.attend_ones(q[:, one_at], keys, values, one_rows, one_ends))
+            for a, o in parts:
+                out[a:a + o.shape[0]] = o
+            return out
 
         x = self._layers(self.embed(torch.cat(tokens)), rope, lambda i, k, v: self.cache.write_tokens(i, where, k, v),
                          attend, hidden if taps is not None else (), taps)  # [T, hidden]
