@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens at most per prompt")
     ap.add_argument("--rounds", type=int, default=2, help="each engine's runs of every set and B (the best kept)")
     ap.add_argument("--no-vllm", action="store_true", help="our engine only")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., engine.threads=...); engine.* "
-                                                 "settings of vLLM's (engine.kv_cache_gib=...) go to it with --vllm-set")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of our side (model=..., engine.threads=...); the "
+                                                 "model ones go to vLLM too")
     ap.add_argument("--vllm-set", nargs="*", default=["engine.kv_cache_gib=1"], help="engine=vllm's settings")
     args = ap.parse_args(argv)
     if min(args.batches) < 1 or args.tokens < 1 or args.rounds < 1:

@@ -266,8 +266,8 @@ def test_compiled_engine_prepares_every_step_size_before_timing(tiny_model):
 
 def test_unmasked_attention_is_the_masked_attention(tiny_model):
     """A one-token step and a prompt from slot 0 attend without a mask over their own span (``_unmasked``), one-token
-    rows through the decode kernel where it builds (``engine.attention=auto``): the same logits as the masked path,
-    alone and as rows of a packed forward beside a tree row and a later chunk."""
+    rows through the decode kernel where it builds (``engine.decode_attention=auto``): the same logits as the masked
+    path, alone and as rows of a packed forward beside a tree row and a later chunk."""
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(96, (n,), generator=gen) for n in (5, 70, 130)]
     tree = Tree.from_parents((-1, 0, 0, 1))
@@ -337,5 +337,5 @@ def test_engine_attention_setting(tiny_model):
     assert StaticEngine(tiny_model, attention="sdpa").summary()["decode_attention"] == "sdpa"
     auto = StaticEngine(tiny_model).summary()["decode_attention"]
     assert auto == ("native" if native.kernel() is not None else "sdpa")
-    with pytest.raises(HarnessError, match="engine.attention=native"):
+    with pytest.raises(HarnessError, match="engine.decode_attention=native"):
         StaticEngine(tiny_llama(seed=0).to(torch.bfloat16), attention="native")

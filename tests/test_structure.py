@@ -19,7 +19,7 @@ LAYERS = {
     "methods": [
         {"common"},
         {"params", "machine", "hub", "sampling"},
-        {"tree", "automata", "suffix_tree", "engine.ops", "engine.kv", "engine.arch", "engine.graphs"},
+        {"tree", "automata", "suffix_tree", "engine.ops", "engine.kv", "engine.arch", "engine.graphs", "engine.native"},
         {"engine.masks"},
         {"base", "engine.tuning"},
         {"engine.core"},

@@ -19,8 +19,9 @@ whole loop instead, run by ``evaluation.running.vllm``, its parameters ``VllmPar
     for decoding: a preallocated KV cache written by position (``kv.StaticKV``),
     rejected drafts left in place and masked (never copied away), the tree mask
     built on the device from the tree's ancestor matrix (a one-token step, or a prompt from slot 0, needs no mask
-    and reads only its own span: ``StaticEngine._unmasked``), q/k/v and gate/up as one linear each (the model's
-    weights views of them: ``ops.Linear.fused``), rotary tables computed
+    and reads only its own span: ``StaticEngine._unmasked``; on a CPU in float32 a batch's one-token rows attend
+    in one call of the engine's own kernel, ``native``, ``engine.decode_attention``), q/k/v and gate/up as one
+    linear each (the model's weights views of them: ``ops.Linear.fused``), rotary tables computed
     once, and on the CPU the weights pre-packed once for oneDNN where that is faster
     on the machine at hand: ``engine.pack=auto`` times both at start, once per machine
     kind (``choose_pack``; packing won 1.8-2.4x for the MLP weights on an AVX-512
@@ -93,9 +94,10 @@ class StaticParams:
     compile_mode: str = param("default", "torch.compile's mode; reduce-overhead adds CUDA graphs on a GPU",
                               choices=COMPILE_MODES)
     threads: int | str = _threads()
-    attention: str = param(AUTO, "a one-token step's attention: auto (the engine's own kernel, methods/engine/native.py, "
-                           "on a CPU in float32 where it builds; else torch's), native (it, or a one-line error), sdpa "
-                           "(torch's); named in the run summary", choices=(AUTO, "native", "sdpa"))
+    decode_attention: str = param(AUTO, "a one-token step's attention: auto (the engine's own kernel, "
+                                  "methods/engine/native.py, on a CPU in float32 where it builds; else torch's), "
+                                  "native (it, or a one-line error), sdpa (torch's); named in the run summary",
+                                  choices=(AUTO, "native", "sdpa"))
 
 
 @dataclass
@@ -143,4 +145,4 @@ def build_engine(model, params: dict) -> Engine:
     if compile is True:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)  # torch sets its /tmp default on import
     return StaticEngine(model, pack=None if p.pack == AUTO else p.pack, compile=compile, mode=p.compile_mode,
-                        threads=p.threads, attention=p.attention)
+                        threads=p.threads, attention=p.decode_attention)

@@ -8,8 +8,8 @@ for all the query heads that share its K/V head and gives the threads equal shar
 
 It is built once per machine kind and torch version with the compiler torch's extensions use (a minute on 2
 cores, into ``data/cache/native/``); where it cannot be built (no compiler), the engine says why in its summary and
-uses torch's kernel (``engine.attention``). Its sums run in a fixed order, so a row's result does not depend on the
-batch around it: one token decoded alone and in a batch of 16 gives the same numbers.
+uses torch's kernel (``engine.decode_attention``). Its sums run in a fixed order, so a row's result does not depend
+on the batch around it: one token decoded alone and in a batch of 16 gives the same numbers.
 """
 from __future__ import annotations
 

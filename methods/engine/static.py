@@ -244,7 +244,7 @@ class StaticEngine(Engine):
         self.pack = on
 
     def _native(self, attention: str) -> bool:
-        """``engine.attention``: auto takes ``native``'s kernel for one-token steps on a CPU in float32 where it
+        """``engine.decode_attention``: auto takes ``native``'s kernel for one-token steps on a CPU in float32 where it
         builds, sdpa torch's kernel always, native requires it."""
         if attention == "sdpa":
             return False
@@ -254,8 +254,8 @@ class StaticEngine(Engine):
         if attention == "native":
             why = native.error() or f"it runs float32 on a CPU with head sizes in 8s; here {self.device.type}, " \
                                     f"{self.dtype}, head size {self.head_dim}"
-            raise HarnessError(f"engine.attention=native: the decode kernel cannot run here ({why}); set "
-                               f"engine.attention=auto")
+            raise HarnessError(f"engine.decode_attention=native: the decode kernel cannot run here ({why}); set "
+                               f"engine.decode_attention=auto")
         return False
 
     def _linears(self) -> list[Linear]:
