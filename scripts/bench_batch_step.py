@@ -4,6 +4,7 @@ side in one process on the engine a run would build.
 
     python -m scripts.bench_batch_step                      # the embedded model, engine=static
     python -m scripts.bench_batch_step --context 600 model.dtype=bfloat16
+    python -m scripts.bench_batch_step --batches 8 --chunks --profile   # where a step of 8 rows spends its time
 
 Prints milliseconds per forward and the tokens per second they imply, with each batch size's throughput as a ratio
 of B = 1's: the ceiling of ``runtime.batch_size=B`` for vanilla before prefills, the queue's tail and the loop.
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=300, help="cached tokens per row (rows differ by 17 each)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--chunks", type=int, nargs="+", default=[64, 256], help="prompt chunks timed at the largest B")
+    ap.add_argument("--chunks", type=int, nargs="*", default=[64, 256], help="prompt chunks timed at the largest B")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--profile", action="store_true", help="torch's profiler over 10 steps of the largest B: the "
+                                                            "operations that take most of a step")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., engine=...)")
     args = ap.parse_args(argv)
     cfg = compose_config(["method=vanilla", *args.overrides])
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.use_threads()
     gen = torch.Generator().manual_seed(0)
     vocab = engine.model.config.vocab_size
-    room = args.context + 17 * max(args.batches) + max(args.chunks) + 64 * args.repeats
+    room = args.context + 17 * max(args.batches) + max(args.chunks, default=0) + 64 * args.repeats
 
     def fresh(rows: int) -> None:
         engine.start(room, rows)
@@ -67,6 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         base = base or b / ms
         print(f"B={b:<3} step {ms:7.1f} ms  {1000 * b / ms:7.1f} tokens/s  x{b / ms / base:.2f} of B=1")
     b = max(args.batches)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        fresh(b)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(10):
+                engine.forward_rows(list(range(b)), [one] * b, [None] * b)
+        print(f"torch's profiler, 10 steps of B={b} (per step: the self time / 10):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
     for c in args.chunks:
         chunk = torch.randint(vocab, (c,), generator=gen).to(engine.device)
         times = {}

@@ -89,7 +89,8 @@ class _Layer:
         ``rows`` of one layer's keys and values [rows, kv_heads, capacity, d], row i seeing its slots before
         ``ends[i]`` (a sliding window: its last ``window``). Returns [R, heads * d]."""
         starts = [max(0, e - self.window) for e in ends] if self.window is not None else [0] * len(ends)
-        o = native.decode_attention(q.transpose(0, 1), keys, values, rows, starts, ends, self.scale)
+        with torch.profiler.record_function("native::decode_attention"):  # named in a profile (bench_batch_step)
+            o = native.decode_attention(q.transpose(0, 1), keys, values, rows, starts, ends, self.scale)
         return o.reshape(len(rows), self.heads * self.head_dim)
 
     def rest(self, x, o):
