@@ -382,8 +382,9 @@ class StaticEngine(Engine):
         """One forward of several rows' steps (``Engine.forward_rows``), packed: the rows' tokens side by side as
         one sequence [sum of n, hidden] through every weight (no padding), each row's queries attending over its
         own cache only (``masks.step_mask`` of its prefix and tree; rows of as many tokens at consecutive cache rows
-        in one call, ``masks.groups``); a row's entries are written at its own slots (``kv.StaticKV.write_tokens``); the
-        lm_head runs on the kept positions only."""
+        in one call, ``masks.groups``; a row that needs no mask, ``_unmasked``, over its own span alone, and every
+        one-token row together in one call of the decode kernel, ``native``); a row's entries are written at its own
+        slots (``kv.StaticKV.write_tokens``); the lm_head runs on the kept positions only."""
         if len(rows) == 1:  # one row: forward (the compiled steps)
             return super().forward_rows(rows, tokens, trees, hidden=hidden, keep=keep)
         counts = [t.shape[0] for t in tokens]
