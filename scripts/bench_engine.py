@@ -11,8 +11,8 @@ The prompt sets: ``first``, the first turns of Spec-Bench's smoke sample (questi
 turns: the two writing questions' second turns follow our answers to their first). B requests decode at once with
 continuous batching (a freed slot takes the next prompt), ``--tokens`` new tokens at most. Ours: ``evaluation.api``'s
 decoder on the configured engine (static: threads chosen as a run chooses them); vLLM's: its offline engine
-(``engine=vllm``'s worker: eager, prefix caching off on both sides unless ``engine.prefix_caching=true`` is given,
-its worker computing on every core, ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``), ``max_num_seqs`` the largest B, and at most
+(``engine=vllm``'s worker, its settings from ``--vllm-set``: eager, prefix caching off as ours has none, its
+worker computing on every core, ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``), ``max_num_seqs`` the largest B, and at most
 B requests in it at once. Printed per set and B: tokens/s (the tokens over the wall-clock seconds of the whole set,
 prefills included), ms per forward (ours: forwards of the batch, a prefill one; vLLM: engine steps), each the best
 of ``--rounds``, ours over vLLM's, and how many prompts' tokens are identical in both engines (every round).
@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.batches) < 1 or args.tokens < 1 or args.rounds < 1:
         raise HarnessError("--batches, --tokens and --rounds take whole numbers of at least 1")
+    if any(o.replace(" ", "").lower() == "engine.prefix_caching=true" for o in args.vllm_set):
+        raise HarnessError("--vllm-set engine.prefix_caching=true: our engine has no prefix cache, so the two steps "
+                           "would not compare; leave vLLM's off")
     ours = Ours(args.overrides, max(args.batches))
     spec_name = ours.decoder.name
     use_vllm = not args.no_vllm and vllm_ready()

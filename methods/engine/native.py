@@ -6,8 +6,8 @@ head it reads the cache at about a third of the memory's speed: on a 2-core AVX2
 tokens took 650 us a layer in 8 calls, against 270 us in one call of this kernel, which reads each row's span once
 for all the query heads that share its K/V head and gives the threads equal shares of the rows.
 
-It is built once per machine kind and torch version with the compiler torch's extensions use (a minute on 2
-cores, into ``data/cache/native/``); where it cannot be built (no compiler), the engine says why in its summary and
+It is built once per machine kind and torch version with the compiler torch's extensions use (about 30 s on
+2 cores, into ``data/cache/native/``); where it cannot be built (no compiler), the engine says why in its summary and
 uses torch's kernel (``engine.decode_attention``). Its sums run in a fixed order, so a row's result does not depend
 on the batch around it: one token decoded alone and in a batch of 16 gives the same numbers.
 """

@@ -297,10 +297,11 @@ class StaticEngine(Engine):
         span = self._room(past + size)
         keys, values = self.cache.row(row)
         at = masks.positions(past, n, tree, size, self.device)
+        rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
+        slots = torch.arange(past, past + size, device=self.device)
+        taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
         if not step and self._unmasked(past, n, tree):
-            rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
-            slots, end = torch.arange(past, past + n, device=self.device), past + n
-            taps = [] if isinstance(hidden, tuple) else None
+            end = past + n
             if n == 1 and self.native:
                 def attend(layer, q, k, v):
                     return layer.attend_ones(q, k[None], v[None], [0], [end])
@@ -315,10 +316,7 @@ class StaticEngine(Engine):
         windows = masks.windowed(masks.step_mask(past, n, tree, span, size, self.device), past, at, self.plan.windows)
         if size > n:  # padding nodes: each sees only itself, and is written past the step's own entries
             tokens = torch.cat([tokens, torch.zeros(size - n, dtype=tokens.dtype, device=self.device)])
-        rope = {name: (cos[at], sin[at]) for name, (cos, sin) in self._rope.items()}
-        slots = torch.arange(past, past + size, device=self.device)
         x = self.embed(tokens)
-        taps: list[torch.Tensor] | None = [] if isinstance(hidden, tuple) else None
         if step and taps is None:  # one graph per size (steps that tap inner layers run eagerly)
             for t, dim in (*((m, 1) for m in windows.values()), (keys, 2), (values, 2)):  # any span, any capacity
                 torch._dynamo.maybe_mark_dynamic(t, dim)
